@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ def overlay(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
 
 
 @pytest.fixture
-def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any attempt to open a network connection fails the test."""
 
     def refuse(*args: object, **kwargs: object) -> None:
@@ -25,4 +24,3 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
-    return
