@@ -1,0 +1,1 @@
+"""Adapters: the outside world (database, HTTP, Kubernetes, notifications, rule files)."""

@@ -1,0 +1,1 @@
+"""The SQL store (SQLAlchemy Core on aiosqlite or asyncpg)."""

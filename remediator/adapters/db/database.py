@@ -1,0 +1,129 @@
+"""Engine creation, transactions and error translation for SQLite and Postgres.
+
+SQLite (the embedded default) runs in WAL mode with ``synchronous=FULL`` so a commit is durable;
+writers take ``BEGIN IMMEDIATE`` and an in-process lock, so they queue instead of failing with
+"database is locked" halfway through a transaction. Postgres (production, several replicas)
+uses asyncpg with a small pool; claims there use ``FOR UPDATE SKIP LOCKED``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event, exc
+from sqlalchemy.ext import asyncio as sa_async
+
+from remediator.domain import errors
+
+logger = logging.getLogger("remediator.db")
+
+
+def normalise_url(url: str) -> str:
+    """Accept ``sqlite:///x.db`` and ``postgresql://`` and pick the async drivers."""
+    if url.startswith("sqlite:"):
+        return "sqlite+aiosqlite:" + url[len("sqlite:") :]
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql+asyncpg://" + url.split("://", 1)[1]
+    return url
+
+
+class Database:
+    def __init__(self, url: str, *, echo: bool = False, pool_size: int = 10) -> None:
+        self.url = normalise_url(url)
+        self.dialect = sa.engine.make_url(self.url).get_backend_name()
+        kwargs: dict[str, Any] = {"echo": echo}
+        if self.dialect == "postgresql":
+            kwargs |= {"pool_size": pool_size, "max_overflow": pool_size, "pool_pre_ping": True}
+        else:
+            kwargs |= {"connect_args": {"timeout": 30}}
+        self.engine = sa_async.create_async_engine(self.url, **kwargs)
+        self._write_lock = asyncio.Lock() if self.is_sqlite else None
+        if self.is_sqlite:
+            self._configure_sqlite()
+        self.latency_observer: Any = None
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.dialect == "sqlite"
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.dialect == "postgresql"
+
+    def _configure_sqlite(self) -> None:
+        sync_engine = self.engine.sync_engine
+
+        @event.listens_for(sync_engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            for pragma in (
+                "journal_mode=WAL",
+                "synchronous=FULL",
+                "foreign_keys=ON",
+                "busy_timeout=30000",
+            ):
+                cursor.execute(f"PRAGMA {pragma}")
+            cursor.close()
+
+        @event.listens_for(sync_engine, "begin")
+        def _on_begin(conn: sa.Connection) -> None:
+            immediate = conn.get_execution_options().get("sqlite_immediate", False)
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    @contextlib.asynccontextmanager
+    async def write(self, operation: str = "write") -> AsyncIterator[sa_async.AsyncConnection]:
+        """A write transaction: committed on success, rolled back on error."""
+        lock = self._write_lock or contextlib.nullcontext()
+        started = time.perf_counter()
+        async with lock, self._translated():
+            conn = await self.engine.connect()
+            try:
+                if self.is_sqlite:
+                    conn = await conn.execution_options(sqlite_immediate=True)
+                async with conn.begin():
+                    yield conn
+            finally:
+                await conn.close()
+        self._observe(operation, started)
+
+    @contextlib.asynccontextmanager
+    async def read(self, operation: str = "read") -> AsyncIterator[sa_async.AsyncConnection]:
+        started = time.perf_counter()
+        async with self._translated(), self.engine.connect() as conn, conn.begin():
+            yield conn
+        self._observe(operation, started)
+
+    def _observe(self, operation: str, started: float) -> None:
+        if self.latency_observer is not None:
+            self.latency_observer(operation, time.perf_counter() - started)
+
+    @contextlib.asynccontextmanager
+    async def _translated(self) -> AsyncIterator[None]:
+        try:
+            yield
+        except (exc.OperationalError, exc.InterfaceError, OSError) as e:
+            raise errors.StoreUnavailable(f"database unavailable: {_short(e)}") from e
+        except exc.DBAPIError as e:
+            if e.connection_invalidated:
+                raise errors.StoreUnavailable(f"database connection lost: {_short(e)}") from e
+            raise
+
+    async def ping(self) -> None:
+        """Raise ``StoreUnavailable`` unless the database takes a write."""
+        async with self.write("ping") as conn:
+            await conn.execute(sa.text("SELECT 1"))
+
+    async def dispose(self) -> None:
+        await self.engine.dispose()
+
+
+def _short(error: BaseException) -> str:
+    text = str(getattr(error, "orig", None) or error)
+    return text.splitlines()[0][:200] if text else type(error).__name__

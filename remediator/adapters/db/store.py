@@ -1,0 +1,536 @@
+"""The engine's unit of work over SQL: guarded transitions, claims, locks and the audit chain.
+
+Every method runs inside the caller's transaction (``async with store.transaction() as tx``),
+so a transition and its audit event commit together or not at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext import asyncio as sa_async
+
+from remediator.adapters.db import database, tables
+from remediator.domain import alerts, audit, errors, records, runs
+
+E = tables.alert_episodes
+R = tables.runs
+S = tables.steps
+L = tables.locks
+A = tables.audit_events
+H = tables.audit_head
+
+
+def episode_from_row(row: Any) -> records.Episode:
+    return records.Episode(
+        id=row.id,
+        fingerprint=row.fingerprint,
+        starts_at=row.starts_at,
+        alertname=row.alertname,
+        status=alerts.AlertStatus(row.status),
+        handled_status=alerts.AlertStatus(row.handled_status) if row.handled_status else None,
+        labels=dict(row.labels),
+        annotations=dict(row.annotations),
+        generator_url=row.generator_url,
+        ends_at=row.ends_at,
+        first_delivery_id=row.first_delivery_id,
+        created_at=row.created_at,
+        resolved_at=row.resolved_at,
+    )
+
+
+def run_from_row(row: Any) -> records.Run:
+    return records.Run(
+        id=row.id,
+        playbook=row.playbook,
+        kind=runs.RunKind(row.kind),
+        status=runs.RunStatus(row.status),
+        episode_id=row.episode_id,
+        parent_run_id=row.parent_run_id,
+        node=row.node,
+        gpu=row.gpu,
+        exclusive=row.exclusive,
+        dry_run=row.dry_run,
+        principal=row.principal,
+        params=dict(row.params),
+        on_resolve=row.on_resolve,
+        reason=row.reason,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        finished_at=row.finished_at,
+    )
+
+
+def step_from_row(row: Any) -> records.Step:
+    return records.Step(
+        id=row.id,
+        run_id=row.run_id,
+        seq=row.seq,
+        key=row.key,
+        phase=runs.StepPhase(row.phase),
+        action=row.action,
+        params=dict(row.params),
+        status=runs.StepStatus(row.status),
+        requires_approval=row.requires_approval,
+        approvals_required=row.approvals_required,
+        attempt=row.attempt,
+        max_attempts=row.max_attempts,
+        timeout_seconds=row.timeout_seconds,
+        on_failure=row.on_failure,
+        undo_of=row.undo_of,
+        undo=row.undo,
+        retry=dict(row.retry),
+        due_at=row.due_at,
+        lease_owner=row.lease_owner,
+        lease_expires_at=row.lease_expires_at,
+        output=dict(row.output),
+        error=row.error,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+    )
+
+
+class SqlStore:
+    def __init__(self, db: database.Database, *, clock: Callable[[], dt.datetime]) -> None:
+        self.db = db
+        self.clock = clock
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, operation: str = "engine") -> AsyncIterator[SqlTx]:
+        async with self.db.write(operation) as conn:
+            tx = SqlTx(conn, db=self.db, now=self.clock())
+            if self.db.is_postgres:
+                # Take the audit chain head first: every engine transaction appends events, and
+                # taking this one lock before any row lock keeps the chain linear and rules out
+                # lock-order deadlocks between replicas.
+                await tx._head()
+            yield tx
+
+
+class SqlTx:
+    def __init__(
+        self, conn: sa_async.AsyncConnection, *, db: database.Database, now: dt.datetime
+    ) -> None:
+        self.conn = conn
+        self.db = db
+        self.now = now
+        self._chain_head: tuple[int | None, str] | None = None
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _lock_rows(self, select: sa.Select[Any]) -> sa.Select[Any]:
+        if self.db.is_postgres:
+            return select.with_for_update(skip_locked=True)
+        return select
+
+    def _insert(self, table: sa.Table) -> Any:
+        return (postgresql.insert if self.db.is_postgres else sqlite.insert)(table)
+
+    # -- audit -----------------------------------------------------------------------------
+
+    async def add_event(
+        self,
+        kind: str,
+        *,
+        actor: str,
+        reason: str = "",
+        run_id: int | None = None,
+        step_id: int | None = None,
+        episode_id: int | None = None,
+        from_status: str | None = None,
+        to_status: str | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> int:
+        """Append one audit event, linked into the hash chain in this transaction."""
+        last_id, last_hash = await self._head()
+        content: dict[str, Any] = {
+            "at": self.now,
+            "kind": kind,
+            "actor": actor,
+            "run_id": run_id,
+            "step_id": step_id,
+            "episode_id": episode_id,
+            "from_status": from_status,
+            "to_status": to_status,
+            "reason": reason,
+            "data": data or {},
+        }
+        event_id = (last_id or 0) + 1
+        digest = audit.chain_hash(last_hash, {**content, "id": event_id})
+        await self.conn.execute(
+            sa.insert(A).values(id=event_id, prev_hash=last_hash, hash=digest, **content)
+        )
+        await self.conn.execute(
+            sa.update(H).where(H.c.id == 1).values(last_id=event_id, last_hash=digest)
+        )
+        self._chain_head = (event_id, digest)
+        return event_id
+
+    async def _head(self) -> tuple[int | None, str]:
+        if self._chain_head is None:
+            query = sa.select(H.c.last_id, H.c.last_hash).where(H.c.id == 1)
+            if self.db.is_postgres:
+                query = query.with_for_update()
+            row = (await self.conn.execute(query)).one_or_none()
+            if row is None:
+                await self.conn.execute(
+                    sa.insert(H).values(id=1, last_id=None, last_hash=audit.GENESIS)
+                )
+                self._chain_head = (None, audit.GENESIS)
+            else:
+                self._chain_head = (row.last_id, row.last_hash)
+        return self._chain_head
+
+    # -- episodes --------------------------------------------------------------------------
+
+    async def lock_unhandled_episodes(self, limit: int) -> list[records.Episode]:
+        query = self._lock_rows(
+            sa.select(E)
+            .where(sa.or_(E.c.handled_status.is_(None), E.c.handled_status != E.c.status))
+            .order_by(E.c.id)
+            .limit(limit)
+        )
+        return [episode_from_row(row) for row in await self.conn.execute(query)]
+
+    async def mark_episode_handled(self, episode: records.Episode) -> None:
+        await self.conn.execute(
+            sa.update(E).where(E.c.id == episode.id).values(handled_status=episode.status.value)
+        )
+
+    async def get_episode(self, episode_id: int) -> records.Episode | None:
+        row = (await self.conn.execute(sa.select(E).where(E.c.id == episode_id))).one_or_none()
+        return episode_from_row(row) if row else None
+
+    # -- runs and steps --------------------------------------------------------------------
+
+    async def insert_run(self, new: records.NewRun, *, actor: str) -> int | None:
+        """Create a run and its steps; ``None`` if this episode already has this run."""
+        values = {
+            "playbook": new.playbook,
+            "kind": new.kind.value,
+            "status": new.status.value,
+            "episode_id": new.episode_id,
+            "parent_run_id": new.parent_run_id,
+            "node": new.node,
+            "gpu": new.gpu,
+            "exclusive": new.exclusive,
+            "dry_run": new.dry_run,
+            "principal": new.principal,
+            "params": new.params,
+            "on_resolve": new.on_resolve,
+            "reason": new.reason,
+            "created_at": self.now,
+            "updated_at": self.now,
+            "finished_at": self.now if new.status in runs.RUN_TERMINAL else None,
+        }
+        statement = self._insert(R).values(**values)
+        if new.episode_id is not None:
+            statement = statement.on_conflict_do_nothing(
+                index_elements=[R.c.episode_id, R.c.playbook, R.c.kind]
+            )
+        row = (await self.conn.execute(statement.returning(R.c.id))).one_or_none()
+        if row is None:
+            return None
+        run_id = int(row.id)
+        if new.steps:
+            await self.conn.execute(
+                sa.insert(S),
+                [
+                    {
+                        "run_id": run_id,
+                        "seq": step.seq,
+                        "key": step.key,
+                        "phase": step.phase.value,
+                        "action": step.action,
+                        "params": step.params,
+                        "status": runs.StepStatus.PENDING.value,
+                        "requires_approval": step.requires_approval,
+                        "approvals_required": step.approvals_required,
+                        "attempt": 0,
+                        "max_attempts": step.max_attempts,
+                        "timeout_seconds": step.timeout_seconds,
+                        "on_failure": step.on_failure,
+                        "undo_of": step.undo_of,
+                        "undo": step.undo,
+                        "retry": step.retry,
+                        "due_at": None,
+                        "output": {},
+                    }
+                    for step in new.steps
+                ],
+            )
+        await self.add_event(
+            "run.created",
+            actor=actor,
+            run_id=run_id,
+            episode_id=new.episode_id,
+            to_status=new.status.value,
+            reason=new.reason,
+            data={
+                "playbook": new.playbook,
+                "kind": new.kind.value,
+                "node": new.node,
+                "gpu": new.gpu,
+                "dry_run": new.dry_run,
+                "steps": [step.key for step in new.steps],
+            },
+        )
+        return run_id
+
+    async def get_run(self, run_id: int) -> records.Run | None:
+        row = (await self.conn.execute(sa.select(R).where(R.c.id == run_id))).one_or_none()
+        return run_from_row(row) if row else None
+
+    async def runs_of_episode(self, episode_id: int) -> list[records.Run]:
+        query = sa.select(R).where(R.c.episode_id == episode_id).order_by(R.c.id)
+        return [run_from_row(row) for row in await self.conn.execute(query)]
+
+    async def steps_of_run(self, run_id: int) -> list[records.Step]:
+        query = sa.select(S).where(S.c.run_id == run_id).order_by(S.c.seq, S.c.id)
+        return [step_from_row(row) for row in await self.conn.execute(query)]
+
+    async def get_step(self, step_id: int) -> records.Step | None:
+        row = (await self.conn.execute(sa.select(S).where(S.c.id == step_id))).one_or_none()
+        return step_from_row(row) if row else None
+
+    async def lock_pending_runs(self, limit: int) -> list[records.Run]:
+        query = self._lock_rows(
+            sa.select(R)
+            .where(R.c.status == runs.RunStatus.PENDING.value)
+            .order_by(R.c.id)
+            .limit(limit)
+        )
+        return [run_from_row(row) for row in await self.conn.execute(query)]
+
+    async def transition_run(
+        self,
+        run: records.Run | int,
+        to: runs.RunStatus,
+        *,
+        actor: str,
+        reason: str = "",
+        data: dict[str, Any] | None = None,
+    ) -> records.Run:
+        """Compare-and-set the run's status; raises ``Conflict`` if it moved meanwhile."""
+        run_id = run if isinstance(run, int) else run.id
+        sources = [status.value for status in runs.run_sources(to)]
+        values: dict[str, Any] = {"status": to.value, "updated_at": self.now}
+        if to in runs.RUN_TERMINAL:
+            values["finished_at"] = self.now
+        result = await self.conn.execute(
+            sa.update(R)
+            .where(R.c.id == run_id, R.c.status.in_(sources))
+            .values(**values)
+            .returning(*R.c)
+        )
+        row = result.one_or_none()
+        if row is None:
+            current = await self.get_run(run_id)
+            state = current.status.value if current else "missing"
+            raise errors.Conflict(f"run {run_id} is {state}; cannot move it to {to.value}")
+        before = run.status.value if isinstance(run, records.Run) else None
+        await self.add_event(
+            "run.transition",
+            actor=actor,
+            run_id=run_id,
+            episode_id=row.episode_id,
+            from_status=before,
+            to_status=to.value,
+            reason=reason,
+            data=data,
+        )
+        return run_from_row(row)
+
+    async def transition_step(
+        self,
+        step: records.Step,
+        to: runs.StepStatus,
+        *,
+        actor: str,
+        reason: str = "",
+        values: dict[str, Any] | None = None,
+        expect_owner: str | None = None,
+        event_data: dict[str, Any] | None = None,
+    ) -> records.Step:
+        """Compare-and-set a step from its current status; ``Conflict`` if it moved meanwhile."""
+        if to not in runs.STEP_TRANSITIONS[step.status] and to is not step.status:
+            raise errors.Conflict(f"step {step.id}: {step.status.value} → {to.value} not allowed")
+        conditions = [S.c.id == step.id, S.c.status == step.status.value]
+        if expect_owner is not None:
+            conditions.append(S.c.lease_owner == expect_owner)
+        update = {"status": to.value, **(values or {})}
+        if to in runs.STEP_TERMINAL:
+            update.setdefault("finished_at", self.now)
+            update.setdefault("lease_owner", None)
+            update.setdefault("lease_expires_at", None)
+            update.setdefault("due_at", None)
+        result = await self.conn.execute(
+            sa.update(S).where(*conditions).values(**update).returning(*S.c)
+        )
+        row = result.one_or_none()
+        if row is None:
+            raise errors.Conflict(f"step {step.id} is no longer {step.status.value}")
+        await self.add_event(
+            "step.transition",
+            actor=actor,
+            run_id=step.run_id,
+            step_id=step.id,
+            from_status=step.status.value,
+            to_status=to.value,
+            reason=reason,
+            data={"key": step.key, "action": step.action, "phase": step.phase.value}
+            | (event_data or {}),
+        )
+        return step_from_row(row)
+
+    async def set_step_due(self, step: records.Step, due_at: dt.datetime) -> None:
+        await self.conn.execute(
+            sa.update(S)
+            .where(S.c.id == step.id, S.c.status == runs.StepStatus.PENDING.value)
+            .values(due_at=due_at)
+        )
+
+    async def update_step_output(
+        self, step_id: int, owner: str, output: dict[str, Any], lease_until: dt.datetime
+    ) -> bool:
+        """Progress of a running step, and a lease renewal; ``False`` if the lease was lost."""
+        result = await self.conn.execute(
+            sa.update(S)
+            .where(
+                S.c.id == step_id,
+                S.c.status == runs.StepStatus.RUNNING.value,
+                S.c.lease_owner == owner,
+            )
+            .values(output=output, lease_expires_at=lease_until)
+        )
+        return bool(result.rowcount)
+
+    async def claim_due_steps(
+        self, *, owner: str, lease_until: dt.datetime, limit: int
+    ) -> list[records.Step]:
+        """Claim due pending steps of running runs: ``pending → running`` with a lease.
+
+        The attempt counter and the lease are the persisted intent: if this worker dies, the
+        lease expires and the next attempt knows one was made.
+        """
+        due = self._lock_rows(
+            sa.select(S.c.id)
+            .join(R, R.c.id == S.c.run_id)
+            .where(
+                S.c.status == runs.StepStatus.PENDING.value,
+                S.c.due_at.is_not(None),
+                S.c.due_at <= self.now,
+                R.c.status == runs.RunStatus.RUNNING.value,
+            )
+            .order_by(S.c.due_at, S.c.id)
+            .limit(limit)
+        )
+        if self.db.is_postgres:
+            due = due.with_for_update(skip_locked=True, of=S)
+        ids = [row.id for row in await self.conn.execute(due)]
+        claimed = []
+        for step_id in ids:
+            step = await self.get_step(step_id)
+            assert step is not None
+            claimed.append(
+                await self.transition_step(
+                    step,
+                    runs.StepStatus.RUNNING,
+                    actor="engine",
+                    reason=f"attempt {step.attempt + 1} of {step.max_attempts}",
+                    values={
+                        "lease_owner": owner,
+                        "lease_expires_at": lease_until,
+                        "attempt": step.attempt + 1,
+                        "started_at": step.started_at or self.now,
+                        "due_at": None,
+                    },
+                    event_data={"attempt": step.attempt + 1, "owner": owner},
+                )
+            )
+        return claimed
+
+    async def expired_leases(self, limit: int) -> list[records.Step]:
+        query = self._lock_rows(
+            sa.select(S)
+            .where(
+                S.c.status == runs.StepStatus.RUNNING.value,
+                S.c.lease_expires_at < self.now,
+            )
+            .order_by(S.c.lease_expires_at)
+            .limit(limit)
+        )
+        return [step_from_row(row) for row in await self.conn.execute(query)]
+
+    async def steps_leased_by(self, owner: str) -> list[records.Step]:
+        query = sa.select(S).where(
+            S.c.status == runs.StepStatus.RUNNING.value, S.c.lease_owner == owner
+        )
+        return [step_from_row(row) for row in await self.conn.execute(query)]
+
+    async def active_runs_with_no_active_step(self, limit: int) -> list[records.Run]:
+        """Running runs whose steps are all finished or not yet due (the engine advances them)."""
+        active_step = sa.select(S.c.id).where(
+            S.c.run_id == R.c.id,
+            sa.or_(
+                S.c.status.in_([runs.StepStatus.RUNNING.value, "waiting_approval"]),
+                sa.and_(S.c.status == runs.StepStatus.PENDING.value, S.c.due_at.is_not(None)),
+            ),
+        )
+        query = self._lock_rows(
+            sa.select(R)
+            .where(R.c.status == runs.RunStatus.RUNNING.value, ~sa.exists(active_step))
+            .order_by(R.c.id)
+            .limit(limit)
+        )
+        return [run_from_row(row) for row in await self.conn.execute(query)]
+
+    # -- locks -----------------------------------------------------------------------------
+
+    async def try_lock(
+        self, key: str, *, run_id: int | None, expires_at: dt.datetime | None
+    ) -> bool:
+        """Take ``key`` unless someone holds it (an expired holder loses it)."""
+        await self.conn.execute(
+            sa.delete(L).where(
+                L.c.key == key, L.c.expires_at.is_not(None), L.c.expires_at <= self.now
+            )
+        )
+        statement = (
+            self._insert(L)
+            .values(key=key, run_id=run_id, acquired_at=self.now, expires_at=expires_at)
+            .on_conflict_do_nothing(index_elements=[L.c.key])
+            .returning(L.c.key)
+        )
+        return (await self.conn.execute(statement)).one_or_none() is not None
+
+    async def lock_holder(self, key: str) -> int | None:
+        row = (
+            await self.conn.execute(
+                sa.select(L.c.run_id).where(
+                    L.c.key == key, sa.or_(L.c.expires_at.is_(None), L.c.expires_at > self.now)
+                )
+            )
+        ).one_or_none()
+        return row.run_id if row else None
+
+    async def release_run_locks(self, run_id: int) -> None:
+        """Release what a finished run held, except expiring locks (cooldowns run their time)."""
+        await self.conn.execute(sa.delete(L).where(L.c.run_id == run_id, L.c.expires_at.is_(None)))
+
+    async def release_locks(self, keys: Iterable[str]) -> None:
+        await self.conn.execute(sa.delete(L).where(L.c.key.in_(list(keys))))
+
+    async def run_ids_holding(self, prefix: str) -> list[int]:
+        query = sa.select(L.c.run_id).where(L.c.key.like(f"{prefix}%"), L.c.run_id.is_not(None))
+        return [row.run_id for row in await self.conn.execute(query)]
+
+
+def is_unique_violation(error: BaseException) -> bool:
+    return isinstance(error, exc.IntegrityError)

@@ -1,0 +1,213 @@
+"""The schema, as SQLAlchemy Core tables. Alembic migrations create it; a test checks they agree.
+
+Uniqueness carries idempotency, not memory:
+- ``alert_episodes (fingerprint, starts_at)``: one row per episode, whatever the repeats;
+- ``runs (episode_id, playbook, kind)``: at most one run per matching playbook and episode;
+- ``steps (run_id, phase, key)``: one intent per step;
+- ``locks (key)``: node exclusivity, playbook concurrency slots and cooldowns, race-free across
+  replicas because the database refuses the second insert.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+
+class UTCDateTime(sa.types.TypeDecorator[dt.datetime]):
+    """Timezone-aware UTC in, timezone-aware UTC out, on SQLite (text) and Postgres alike."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: sa.Dialect) -> Any:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime")
+        value = value.astimezone(dt.UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, dt.datetime)
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+BigID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(column_0_label)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+deliveries = sa.Table(
+    "deliveries",
+    metadata,
+    sa.Column("id", BigID, primary_key=True, autoincrement=True),
+    sa.Column("received_at", UTCDateTime(), nullable=False, index=True),
+    sa.Column("receiver", sa.Text(), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("group_key", sa.Text(), nullable=False),
+    sa.Column("alert_count", sa.Integer(), nullable=False),
+    sa.Column("principal", sa.String(200), nullable=True),
+    sa.Column("remote", sa.String(200), nullable=True),
+    sa.Column("body", sa.Text(), nullable=False),
+)
+
+alert_episodes = sa.Table(
+    "alert_episodes",
+    metadata,
+    sa.Column("id", BigID, primary_key=True, autoincrement=True),
+    sa.Column("fingerprint", sa.String(64), nullable=False),
+    sa.Column("starts_at", UTCDateTime(), nullable=False),
+    sa.Column("alertname", sa.String(256), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("handled_status", sa.String(16), nullable=True),
+    sa.Column("labels", JSONType, nullable=False),
+    sa.Column("annotations", JSONType, nullable=False),
+    sa.Column("generator_url", sa.Text(), nullable=False),
+    sa.Column("ends_at", UTCDateTime(), nullable=True),
+    sa.Column("first_delivery_id", BigID, nullable=True),
+    sa.Column("resolved_delivery_id", BigID, nullable=True),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("resolved_at", UTCDateTime(), nullable=True),
+    sa.UniqueConstraint("fingerprint", "starts_at", name="uq_alert_episodes_identity"),
+    sa.Index("ix_alert_episodes_alertname_created", "alertname", "created_at"),
+    sa.Index(
+        "ix_alert_episodes_unhandled",
+        "id",
+        sqlite_where=sa.text("handled_status IS NULL OR handled_status <> status"),
+        postgresql_where=sa.text("handled_status IS NULL OR handled_status <> status"),
+    ),
+)
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("id", BigID, primary_key=True, autoincrement=True),
+    sa.Column("playbook", sa.String(64), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("status", sa.String(24), nullable=False),
+    sa.Column("episode_id", BigID, sa.ForeignKey("alert_episodes.id"), nullable=True),
+    sa.Column("parent_run_id", BigID, sa.ForeignKey("runs.id"), nullable=True),
+    sa.Column("node", sa.String(253), nullable=True),
+    sa.Column("gpu", sa.String(128), nullable=True),
+    sa.Column("exclusive", sa.Boolean(), nullable=False),
+    sa.Column("dry_run", sa.Boolean(), nullable=False),
+    sa.Column("principal", sa.String(200), nullable=True),
+    sa.Column("params", JSONType, nullable=False),
+    sa.Column("on_resolve", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text(), nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("updated_at", UTCDateTime(), nullable=False),
+    sa.Column("finished_at", UTCDateTime(), nullable=True),
+    sa.UniqueConstraint("episode_id", "playbook", "kind", name="uq_runs_episode_playbook"),
+    sa.Index("ix_runs_status", "status", "id"),
+    sa.Index("ix_runs_node", "node", "created_at"),
+    sa.Index("ix_runs_playbook", "playbook", "created_at"),
+)
+
+steps = sa.Table(
+    "steps",
+    metadata,
+    sa.Column("id", BigID, primary_key=True, autoincrement=True),
+    sa.Column("run_id", BigID, sa.ForeignKey("runs.id"), nullable=False),
+    sa.Column("seq", sa.Integer(), nullable=False),
+    sa.Column("key", sa.String(64), nullable=False),
+    sa.Column("phase", sa.String(8), nullable=False),
+    sa.Column("action", sa.String(64), nullable=False),
+    sa.Column("params", JSONType, nullable=False),
+    sa.Column("status", sa.String(24), nullable=False),
+    sa.Column("requires_approval", sa.Boolean(), nullable=False),
+    sa.Column("approvals_required", sa.Integer(), nullable=False),
+    sa.Column("attempt", sa.Integer(), nullable=False),
+    sa.Column("max_attempts", sa.Integer(), nullable=False),
+    sa.Column("timeout_seconds", sa.Float(), nullable=False),
+    sa.Column("on_failure", sa.String(16), nullable=False),
+    sa.Column("undo_of", BigID, sa.ForeignKey("steps.id"), nullable=True),
+    sa.Column("undo", JSONType, nullable=True),
+    sa.Column("retry", JSONType, nullable=False),
+    sa.Column("due_at", UTCDateTime(), nullable=True),
+    sa.Column("lease_owner", sa.String(128), nullable=True),
+    sa.Column("lease_expires_at", UTCDateTime(), nullable=True),
+    sa.Column("output", JSONType, nullable=False),
+    sa.Column("error", sa.Text(), nullable=True),
+    sa.Column("started_at", UTCDateTime(), nullable=True),
+    sa.Column("finished_at", UTCDateTime(), nullable=True),
+    sa.UniqueConstraint("run_id", "phase", "key", name="uq_steps_intent"),
+    sa.Index(
+        "ix_steps_due",
+        "due_at",
+        sqlite_where=sa.text("status = 'pending' AND due_at IS NOT NULL"),
+        postgresql_where=sa.text("status = 'pending' AND due_at IS NOT NULL"),
+    ),
+    sa.Index(
+        "ix_steps_leased",
+        "lease_expires_at",
+        sqlite_where=sa.text("status = 'running'"),
+        postgresql_where=sa.text("status = 'running'"),
+    ),
+)
+
+locks = sa.Table(
+    "locks",
+    metadata,
+    sa.Column("key", sa.String(400), primary_key=True),
+    sa.Column("run_id", BigID, sa.ForeignKey("runs.id"), nullable=True),
+    sa.Column("acquired_at", UTCDateTime(), nullable=False),
+    sa.Column("expires_at", UTCDateTime(), nullable=True),
+    sa.Index("ix_locks_run", "run_id"),
+)
+
+approvals = sa.Table(
+    "approvals",
+    metadata,
+    sa.Column("id", BigID, primary_key=True, autoincrement=True),
+    sa.Column("step_id", BigID, sa.ForeignKey("steps.id"), nullable=False),
+    sa.Column("principal", sa.String(200), nullable=False),
+    sa.Column("decision", sa.String(16), nullable=False),
+    sa.Column("comment", sa.Text(), nullable=False),
+    sa.Column("at", UTCDateTime(), nullable=False),
+    sa.UniqueConstraint("step_id", "principal", name="uq_approvals_step_principal"),
+)
+
+audit_events = sa.Table(
+    "audit_events",
+    metadata,
+    sa.Column("id", BigID, primary_key=True, autoincrement=True),
+    sa.Column("at", UTCDateTime(), nullable=False),
+    sa.Column("kind", sa.String(64), nullable=False),
+    sa.Column("actor", sa.String(200), nullable=False),
+    sa.Column("run_id", BigID, nullable=True),
+    sa.Column("step_id", BigID, nullable=True),
+    sa.Column("episode_id", BigID, nullable=True),
+    sa.Column("from_status", sa.String(24), nullable=True),
+    sa.Column("to_status", sa.String(24), nullable=True),
+    sa.Column("reason", sa.Text(), nullable=False),
+    sa.Column("data", JSONType, nullable=False),
+    sa.Column("prev_hash", sa.String(64), nullable=False),
+    sa.Column("hash", sa.String(64), nullable=False),
+    sa.Index("ix_audit_events_run", "run_id", "id"),
+    sa.Index("ix_audit_events_at", "at"),
+)
+
+# One row: the head of the audit hash chain. Writers lock it (Postgres ``FOR UPDATE``) so the
+# chain stays linear with several replicas.
+audit_head = sa.Table(
+    "audit_head",
+    metadata,
+    sa.Column("id", sa.Integer(), primary_key=True),
+    sa.Column("last_id", BigID, nullable=True),
+    sa.Column("last_hash", sa.String(64), nullable=False),
+)

@@ -1,0 +1,1 @@
+"""The HTTP API (aiohttp): Alertmanager intake, runs, approvals, health and metrics."""

@@ -1,0 +1,131 @@
+"""Read and operate endpoints: alert episodes, runs, a run's detail, approve and reject."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from remediator.adapters.db import queries
+from remediator.adapters.http import auth as http_auth
+from remediator.domain import auth, errors
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiDeps:
+    queries: queries.Queries
+    decide: Callable[..., Awaitable[dict[str, Any]]]
+
+
+API = web.AppKey("api", ApiDeps)
+
+_ALERT_FILTERS = ("status", "alertname", "fingerprint")
+_RUN_FILTERS = ("status", "playbook", "node", "kind", "episode")
+
+
+def _paging(request: web.Request) -> tuple[int, int | None]:
+    try:
+        limit = int(request.query.get("limit", "50"))
+        cursor_text = request.query.get("cursor")
+        cursor = int(cursor_text) if cursor_text else None
+    except ValueError:
+        raise errors.ValidationFailed(
+            "limit and cursor must be integers",
+            fields=[{"field": "limit|cursor", "message": "not an integer"}],
+        ) from None
+    if not 1 <= limit <= 500:
+        raise errors.ValidationFailed(
+            "limit must be between 1 and 500",
+            fields=[{"field": "limit", "message": "out of range"}],
+        )
+    return limit, cursor
+
+
+def _filters(request: web.Request, allowed: tuple[str, ...]) -> dict[str, str]:
+    unknown = sorted(set(request.query) - {*allowed, "limit", "cursor"})
+    if unknown:
+        raise errors.ValidationFailed(
+            f"unknown query parameters: {', '.join(unknown)}",
+            fields=[{"field": name, "message": "unknown parameter"} for name in unknown],
+        )
+    return {key: request.query[key] for key in allowed if key in request.query}
+
+
+def _page_json(page: queries.Page) -> web.Response:
+    return web.json_response({"items": page.items, "nextCursor": page.next_cursor})
+
+
+async def list_alerts(request: web.Request) -> web.Response:
+    http_auth.require(request, auth.Permission.READ)
+    limit, cursor = _paging(request)
+    page = await request.app[API].queries.episodes(
+        limit=limit, cursor=cursor, filters=_filters(request, _ALERT_FILTERS)
+    )
+    return _page_json(page)
+
+
+async def list_runs(request: web.Request) -> web.Response:
+    http_auth.require(request, auth.Permission.READ)
+    limit, cursor = _paging(request)
+    filters = _filters(request, _RUN_FILTERS)
+    if "episode" in filters and not filters["episode"].isdigit():
+        raise errors.ValidationFailed("episode must be an integer id")
+    page = await request.app[API].queries.runs(limit=limit, cursor=cursor, filters=filters)
+    return _page_json(page)
+
+
+def _int_param(request: web.Request, name: str) -> int:
+    value = request.match_info[name]
+    if not value.isdigit() or len(value) > 18:
+        raise errors.NotFound(f"{name} {value!r} not found")
+    return int(value)
+
+
+async def get_run(request: web.Request) -> web.Response:
+    http_auth.require(request, auth.Permission.READ)
+    detail = await request.app[API].queries.run_detail(_int_param(request, "run_id"))
+    if detail is None:
+        raise errors.NotFound("run not found")
+    return web.json_response(detail)
+
+
+async def _decision(request: web.Request, *, approve: bool) -> web.Response:
+    principal = http_auth.require(request, auth.Permission.OPERATE)
+    run_id = _int_param(request, "run_id")
+    step_id = _int_param(request, "step_id")
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise errors.ValidationFailed('body must be JSON: {"comment": "..."}') from None
+    comment = body.get("comment") if isinstance(body, dict) else None
+    if not isinstance(comment, str) or not comment.strip() or len(comment) > 4000:
+        raise errors.ValidationFailed(
+            "a comment is required", fields=[{"field": "comment", "message": "required"}]
+        )
+    result = await request.app[API].decide(
+        run_id=run_id,
+        step_id=step_id,
+        principal=principal,
+        approve=approve,
+        comment=comment.strip(),
+    )
+    return web.json_response(result)
+
+
+async def approve_step(request: web.Request) -> web.Response:
+    return await _decision(request, approve=True)
+
+
+async def reject_step(request: web.Request) -> web.Response:
+    return await _decision(request, approve=False)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/api/v1/alerts", list_alerts)
+    app.router.add_get("/api/v1/runs", list_runs)
+    app.router.add_get("/api/v1/runs/{run_id}", get_run)
+    app.router.add_post("/api/v1/runs/{run_id}/steps/{step_id}/approve", approve_step)
+    app.router.add_post("/api/v1/runs/{run_id}/steps/{step_id}/reject", reject_step)

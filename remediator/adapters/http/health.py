@@ -1,0 +1,55 @@
+"""``/healthz`` (the process answers), ``/readyz`` (database writable, playbooks loaded),
+``/metrics`` (Prometheus text format)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import prometheus_client
+from aiohttp import web
+
+from remediator.adapters.db import database
+from remediator.adapters.metrics import Metrics
+from remediator.domain import errors
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthDeps:
+    db: database.Database
+    rules: Any
+    metrics: Metrics
+
+
+HEALTH = web.AppKey("health", HealthDeps)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    deps = request.app[HEALTH]
+    checks: dict[str, str] = {}
+    try:
+        await deps.db.ping()
+        checks["database"] = "ok"
+    except errors.StoreUnavailable as e:
+        checks["database"] = str(e)
+    checks["playbooks"] = f"{len(deps.rules.index)} loaded" if deps.rules.loaded else "not loaded"
+    ready = checks["database"] == "ok" and deps.rules.loaded
+    return web.json_response(
+        {"status": "ready" if ready else "not ready", "checks": checks},
+        status=200 if ready else 503,
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[HEALTH].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)

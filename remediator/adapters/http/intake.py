@@ -1,0 +1,108 @@
+"""``POST /api/v1/alerts``: validate, deduplicate, persist, answer. Never runs anything.
+
+Status codes follow Alertmanager's retry rules: 5xx is retried at once with backoff, 4xx is
+re-sent at the next group interval. So 400 only for bodies that can never be valid, 503 (with
+Retry-After) when the store cannot take the write, and 200 only after the commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pydantic
+from aiohttp import web
+
+from remediator.adapters.db import intake
+from remediator.adapters.http import auth as http_auth
+from remediator.adapters.http import errors as http_errors
+from remediator.adapters.metrics import Metrics
+from remediator.domain import alerts, auth, errors
+
+
+@dataclasses.dataclass(frozen=True)
+class IntakeDeps:
+    writer: intake.IntakeWriter
+    metrics: Metrics
+    max_body_bytes: int
+
+
+INTAKE = web.AppKey("intake", IntakeDeps)
+
+
+def _reject(
+    deps: IntakeDeps, status: int, reason: str, message: str, **kwargs: object
+) -> web.Response:
+    deps.metrics.deliveries_rejected.labels(reason=reason).inc()
+    return http_errors.error_response(status, reason, message, **kwargs)  # type: ignore[arg-type]
+
+
+async def _read_limited(request: web.Request, limit: int) -> bytes | None:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await request.content.read(65536)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+
+
+async def post_alerts(request: web.Request) -> web.Response:
+    deps = request.app[INTAKE]
+    try:
+        principal = http_auth.require(request, auth.Permission.INGEST)
+    except web.HTTPException as e:
+        deps.metrics.deliveries_rejected.labels(
+            reason="unauthorized" if e.status == 401 else "forbidden"
+        ).inc()
+        raise
+    if request.content_type != "application/json":
+        return _reject(
+            deps,
+            415,
+            "unsupported_media_type",
+            f"expected Content-Type application/json, got {request.content_type or 'none'}",
+        )
+    if request.content_length is not None and request.content_length > deps.max_body_bytes:
+        return _reject(deps, 413, "too_large", f"body above {deps.max_body_bytes} bytes")
+    body = await _read_limited(request, deps.max_body_bytes)
+    if body is None:
+        return _reject(deps, 413, "too_large", f"body above {deps.max_body_bytes} bytes")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return _reject(deps, 400, "invalid_encoding", f"body is not UTF-8: {e.reason}")
+    try:
+        payload = alerts.parse_payload(body)
+    except pydantic.ValidationError as e:
+        return _reject(
+            deps,
+            400,
+            "invalid_payload",
+            "not an Alertmanager webhook payload (version 4)",
+            fields=alerts.validation_fields(e),
+        )
+    try:
+        stored = await deps.writer.store(
+            intake.Delivery(
+                payload=payload, body=text, principal=principal.name, remote=request.remote
+            )
+        )
+    except errors.StoreUnavailable:
+        deps.metrics.deliveries_rejected.labels(reason="store_unavailable").inc()
+        raise
+    deps.metrics.deliveries.inc()
+    for alert in payload.alerts:
+        deps.metrics.alerts_received.labels(status=alert.status.value).inc()
+    deps.metrics.alerts_deduplicated.inc(stored.deduplicated)
+    return web.json_response(
+        {
+            "status": "stored",
+            "deliveryId": stored.delivery_id,
+            "alerts": stored.alerts,
+            "changed": stored.changed,
+            "deduplicated": stored.deduplicated,
+        }
+    )

@@ -1,0 +1,234 @@
+"""The composition root: builds settings, adapters, engine and the aiohttp app, and owns the
+background loops (intake writer, engine, retention). If one loop dies the process stops with a
+non-zero exit instead of limping on without it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import importlib
+import ipaddress
+import logging
+import signal
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiohttp import web
+
+from remediator import actions as builtin_actions
+from remediator.adapters import files, metrics, notify
+from remediator.adapters.db import database, intake, migrate, queries, retention, store
+from remediator.adapters.http import api, auth, health
+from remediator.adapters.http import errors as http_errors
+from remediator.adapters.http import intake as http_intake
+from remediator.app import settings as settings_mod
+from remediator.domain import auth as domain_auth
+from remediator.domain import errors, playbooks
+from remediator.engine import executor, lifecycle, worker
+from remediator.ports import actions, cluster
+
+logger = logging.getLogger("remediator")
+
+Clock = Callable[[], dt.datetime]
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Rules:
+    """The loaded playbooks; ``reload`` swaps them atomically (a broken file keeps the old set)."""
+
+    def __init__(self, path: Any, registry: actions.Registry) -> None:
+        self.path = path
+        self.registry = registry
+        self._index = playbooks.PlaybookIndex([])
+        self.loaded = False
+
+    @property
+    def index(self) -> playbooks.PlaybookIndex:
+        return self._index
+
+    def reload(self) -> None:
+        loaded = files.load_playbooks_strict([self.path], self.registry)
+        self._index = playbooks.PlaybookIndex(loaded)
+        self.loaded = True
+
+
+def build_registry(plugins: list[str]) -> actions.Registry:
+    registry = builtin_actions.builtin_registry()
+    for name in plugins:
+        module = importlib.import_module(name)
+        module.register(registry)
+    return registry
+
+
+class Components:
+    """Everything ``create_app`` builds, reachable from tests through ``app[COMPONENTS]``."""
+
+    def __init__(
+        self,
+        settings: settings_mod.Settings,
+        *,
+        clock: Clock,
+        registry: actions.Registry,
+        cluster: cluster.Cluster | None,
+        notifier: Any,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.metrics = metrics.Metrics()
+        self.db = database.Database(settings.database_url)
+        self.db.latency_observer = self.metrics.observe_db
+        self.store = store.SqlStore(self.db, clock=clock)
+        self.queries = queries.Queries(self.db)
+        self.registry = registry
+        self.rules = Rules(settings.rules, registry)
+        self.notifier = notifier or notify.WebhookNotifier(settings.notify_channels)
+        self.cluster = cluster
+        services = executor.Services(
+            store=self.store,
+            registry=registry,
+            notifier=self.notifier,
+            cluster=cluster,
+            clock=clock,
+            observer=self.metrics,
+        )
+        self.engine = worker.Engine(
+            services,
+            self.rules,
+            worker.EngineSettings(
+                poll_interval=settings.poll_interval,
+                lease_seconds=settings.lease_seconds,
+                max_concurrent_steps=settings.max_concurrent_steps,
+                dry_run=settings.dry_run,
+                shutdown_grace=settings.shutdown_grace,
+            ),
+            owner=settings.worker_id,
+        )
+        self.writer = intake.IntakeWriter(self.db, clock=clock, on_change=self.engine.wake)
+        self.tokens = files.load_tokens(settings.tokens) if settings.tokens else None
+
+    async def decide(
+        self,
+        *,
+        run_id: int,
+        step_id: int,
+        principal: domain_auth.Principal,
+        approve: bool,
+        comment: str,
+    ) -> dict[str, Any]:
+        async with self.store.transaction("approval") as tx:
+            step = await tx.get_step(step_id)
+            if step is None or step.run_id != run_id:
+                raise errors.NotFound(f"step {step_id} of run {run_id} not found")
+            moved = await lifecycle.decide_approval(
+                tx, step_id, principal=principal.name, approve=approve, comment=comment
+            )
+        self.engine.wake()
+        return {"runId": run_id, "stepId": step_id, "status": moved.status.value}
+
+
+COMPONENTS = web.AppKey("components", Components)
+FAILED = web.AppKey("failed", list)
+
+
+def check_exposure(settings: settings_mod.Settings) -> None:
+    """Without tokens, refuse to listen anywhere but loopback."""
+    if settings.tokens is not None:
+        return
+    host, _ = settings.host_port
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise SystemExit(
+            f"refusing to listen on {host} without a tokens file: set --tokens "
+            "(or listen on 127.0.0.1)"
+        )
+
+
+def create_app(
+    settings: settings_mod.Settings,
+    *,
+    clock: Clock = utcnow,
+    registry: actions.Registry | None = None,
+    cluster: cluster.Cluster | None = None,
+    notifier: Any = None,
+    run_engine: bool = True,
+) -> web.Application:
+    components = Components(
+        settings,
+        clock=clock,
+        registry=registry or build_registry(settings.plugins),
+        cluster=cluster,
+        notifier=notifier,
+    )
+    components.rules.reload()
+    components.metrics.playbooks_loaded.set(len(components.rules.index))
+    app = web.Application(
+        middlewares=[http_errors.error_middleware],
+        client_max_size=settings.max_body_bytes + 1,
+    )
+    app[COMPONENTS] = components
+    app[FAILED] = []
+    app[http_errors.RETRY_AFTER] = settings.retry_after_seconds
+    if components.tokens is not None:
+        app[auth.TOKENS] = components.tokens
+    app[http_intake.INTAKE] = http_intake.IntakeDeps(
+        components.writer, components.metrics, settings.max_body_bytes
+    )
+    app[api.API] = api.ApiDeps(components.queries, components.decide)
+    app[health.HEALTH] = health.HealthDeps(components.db, components.rules, components.metrics)
+    app.router.add_post("/api/v1/alerts", http_intake.post_alerts)
+    api.add_routes(app)
+    health.add_routes(app)
+    app.cleanup_ctx.append(_lifecycle(run_engine=run_engine))
+    return app
+
+
+def _lifecycle(*, run_engine: bool) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifecycle_ctx(app: web.Application) -> AsyncIterator[None]:
+        components = app[COMPONENTS]
+        if components.settings.should_migrate:
+            await migrate.upgrade(components.db)
+        loops = [asyncio.create_task(components.writer.run(), name="intake-writer")]
+        if run_engine:
+            loops.append(asyncio.create_task(components.engine.run_forever(), name="engine"))
+        loops.append(asyncio.create_task(_retention(components), name="retention"))
+        for task in loops:
+            task.add_done_callback(lambda t: _on_loop_done(app, t))
+        yield
+        await components.engine.stop()
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        if components.cluster is not None:
+            await components.cluster.close()
+        if isinstance(components.notifier, notify.WebhookNotifier):
+            await components.notifier.close()
+        await components.db.dispose()
+
+    return lifecycle_ctx
+
+
+def _on_loop_done(app: web.Application, task: asyncio.Task[Any]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    logger.critical("background loop %s stopped: %r; shutting down", task.get_name(), error)
+    app[FAILED].append(task.get_name())
+    signal.raise_signal(signal.SIGTERM)
+
+
+async def _retention(components: Components) -> None:
+    while True:
+        with contextlib.suppress(Exception):
+            await retention.delete_old_deliveries(
+                components.db,
+                older_than=components.clock()
+                - dt.timedelta(days=components.settings.delivery_retention_days),
+            )
+        await asyncio.sleep(3600)

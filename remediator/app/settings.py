@@ -1,0 +1,139 @@
+"""Settings: defaults < config file (YAML, ``--config``) < ``REMEDIATOR_*`` environment < CLI.
+
+Every field is documented here; ``docs/configuration.md`` is generated from this model.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import pathlib
+from typing import Any, Literal
+
+import pydantic
+import pydantic_settings
+
+_CONFIG_FILE: contextvars.ContextVar[pathlib.Path | None] = contextvars.ContextVar(
+    "config_file", default=None
+)
+
+
+class NotifyChannel(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    url: pydantic.AnyHttpUrl = pydantic.Field(description="Webhook URL receiving JSON posts.")
+    headers: dict[str, str] = pydantic.Field(
+        default_factory=dict, description="Extra headers, e.g. an Authorization header."
+    )
+    timeout: float = pydantic.Field(default=10.0, gt=0, le=120)
+
+
+class Settings(pydantic_settings.BaseSettings):
+    model_config = pydantic_settings.SettingsConfigDict(
+        env_prefix="REMEDIATOR_", extra="forbid", env_nested_delimiter="__"
+    )
+
+    listen: str = pydantic.Field(
+        default="127.0.0.1:8080", description="Address the HTTP server listens on (host:port)."
+    )
+    database_url: str = pydantic.Field(
+        default="sqlite+aiosqlite:///remediator.db",
+        description="SQLAlchemy URL: sqlite+aiosqlite:///file.db or postgresql+asyncpg://...",
+    )
+    rules: pathlib.Path = pydantic.Field(
+        default=pathlib.Path("rules"), description="Directory of playbook YAML files."
+    )
+    tokens: pathlib.Path | None = pydantic.Field(
+        default=None,
+        description="Tokens file (YAML list of {name, token_sha256|token, roles}). Without "
+        "one, remediator only listens on loopback and treats every caller as admin.",
+    )
+    max_body_bytes: int = pydantic.Field(
+        default=1024 * 1024, ge=1024, description="Largest accepted webhook body (413 above)."
+    )
+    retry_after_seconds: int = pydantic.Field(
+        default=5, ge=1, description="Retry-After sent with 503 when the store is unavailable."
+    )
+    migrate_on_start: bool | None = pydantic.Field(
+        default=None,
+        description="Run migrations at start-up. Default: yes on SQLite, no on Postgres (run "
+        "`remediator migrate` once per upgrade instead).",
+    )
+    poll_interval: float = pydantic.Field(
+        default=1.0, gt=0, description="Seconds between engine passes when idle."
+    )
+    lease_seconds: float = pydantic.Field(
+        default=30.0, gt=0, description="Lease on a running step; renewed every third of it."
+    )
+    max_concurrent_steps: int = pydantic.Field(default=16, ge=1, le=1000)
+    shutdown_grace: float = pydantic.Field(
+        default=20.0, ge=0, description="Seconds in-flight steps get to finish on SIGTERM."
+    )
+    dry_run: bool = pydantic.Field(
+        default=False, description="Global dry-run: plan and record, touch nothing."
+    )
+    delivery_retention_days: int = pydantic.Field(
+        default=90, ge=1, description="Raw webhook bodies older than this are deleted."
+    )
+    notify_channels: dict[str, NotifyChannel] = pydantic.Field(
+        default_factory=dict, description="Notification channels by name (used by `notify`)."
+    )
+    plugins: list[str] = pydantic.Field(
+        default_factory=list,
+        description="Python modules with a `register(registry)` function adding actions.",
+    )
+    artifact_dir: pathlib.Path = pydantic.Field(
+        default=pathlib.Path("artifacts"), description="Where bug reports and other artifacts go."
+    )
+    log_level: str = pydantic.Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
+    log_format: Literal["json", "text"] = "json"
+    worker_id: str | None = pydantic.Field(
+        default=None, description="Name of this replica in leases and the audit trail."
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[pydantic_settings.BaseSettings],
+        init_settings: pydantic_settings.PydanticBaseSettingsSource,
+        env_settings: pydantic_settings.PydanticBaseSettingsSource,
+        dotenv_settings: pydantic_settings.PydanticBaseSettingsSource,
+        file_secret_settings: pydantic_settings.PydanticBaseSettingsSource,
+    ) -> tuple[pydantic_settings.PydanticBaseSettingsSource, ...]:
+        sources: list[pydantic_settings.PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = _CONFIG_FILE.get()
+        if config_file is not None:
+            sources.append(
+                pydantic_settings.YamlConfigSettingsSource(settings_cls, yaml_file=config_file)
+            )
+        return tuple(sources)
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]") or "127.0.0.1", int(port)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    @property
+    def should_migrate(self) -> bool:
+        return self.is_sqlite if self.migrate_on_start is None else self.migrate_on_start
+
+    @pydantic.field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        _, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError("listen must be host:port")
+        return value
+
+
+def load(config: pathlib.Path | None = None, **overrides: Any) -> Settings:
+    """Build settings; ``overrides`` (from the CLI) win over everything, ``None`` is ignored."""
+    if config is not None and not config.is_file():
+        raise FileNotFoundError(f"config file {config} does not exist")
+    token = _CONFIG_FILE.set(config)
+    try:
+        return Settings(**{key: value for key, value in overrides.items() if value is not None})
+    finally:
+        _CONFIG_FILE.reset(token)

@@ -1,0 +1,173 @@
+"""``remediator``: serve, migrate, lint, schema, sim."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import pathlib
+import sys
+from typing import Any
+
+import pydantic
+
+from remediator import __version__
+
+logger = logging.getLogger("remediator")
+
+_SERVE_OPTIONS = ("listen", "database_url", "rules", "tokens")
+
+
+def _add_settings_options(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    helps = {
+        "listen": "host:port to listen on (REMEDIATOR_LISTEN; default 127.0.0.1:8080)",
+        "database_url": "SQLAlchemy URL (REMEDIATOR_DATABASE_URL; default "
+        "sqlite+aiosqlite:///remediator.db)",
+        "rules": "playbook directory (REMEDIATOR_RULES; default ./rules)",
+        "tokens": "tokens file (REMEDIATOR_TOKENS)",
+    }
+    for name in names:
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, help=helps[name])
+    parser.add_argument("--config", type=pathlib.Path, help="YAML settings file")
+
+
+def _settings(args: argparse.Namespace, names: tuple[str, ...]) -> Any:
+    from remediator.app import settings
+
+    overrides = {name: getattr(args, name, None) for name in names}
+    try:
+        return settings.load(args.config, **overrides)
+    except (pydantic.ValidationError, FileNotFoundError) as e:
+        raise SystemExit(f"invalid settings: {e}") from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    import remediator.app as app_mod
+    from remediator.adapters import files
+    from remediator.app import logs
+
+    settings = _settings(args, _SERVE_OPTIONS)
+    logs.configure(settings.log_level, settings.log_format)
+    app_mod.check_exposure(settings)
+    try:
+        app = app_mod.create_app(settings)
+    except files.RulesInvalid as e:
+        print(f"playbooks are invalid:\n{e}", file=sys.stderr)
+        return 2
+    host, port = settings.host_port
+    logger.info("listening on %s:%s", host, port, extra={"database": settings.is_sqlite})
+    web.run_app(
+        app,
+        host=host,
+        port=port,
+        print=None,
+        access_log=None,
+        shutdown_timeout=settings.shutdown_grace + 5,
+    )
+    return 1 if app[app_mod.FAILED] else 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from remediator.adapters.db import database, migrate
+
+    settings = _settings(args, ("database_url",))
+
+    async def run() -> str | None:
+        db = database.Database(settings.database_url)
+        try:
+            if args.revision.startswith("-") or args.downgrade:
+                await migrate.downgrade(db, args.revision)
+            else:
+                await migrate.upgrade(db, args.revision)
+            return await migrate.current_revision(db)
+        finally:
+            await db.dispose()
+
+    current = asyncio.run(run())
+    print(f"database at revision {current}")
+    return 0
+
+
+def _lint(args: argparse.Namespace) -> int:
+    from remediator.adapters import files
+    from remediator.app import build_registry
+
+    registry = build_registry(args.plugin or [])
+    paths = [pathlib.Path(path) for path in args.paths]
+    missing = [str(path) for path in paths if not path.exists()]
+    if missing:
+        print(f"no such file or directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    loaded, problems = files.load_playbooks(paths, registry)
+    for problem in problems:
+        print(problem)
+    if problems:
+        print(f"{len(problems)} problem(s) in {len(files.playbook_files(paths))} file(s)")
+        return 1
+    print(f"{len(loaded)} playbook(s) OK")
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from remediator.domain import playbooks
+
+    schema = playbooks.Playbook.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "remediator playbook"
+    print(json.dumps(schema, indent=2, sort_keys=True))
+    return 0
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from remediator.sim import cli as sim_cli
+
+    return sim_cli.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="remediator", description="Alert remediation for Kubernetes GPU clusters."
+    )
+    parser.add_argument("--version", action="version", version=f"remediator {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the webhook, API and engine")
+    _add_settings_options(serve, _SERVE_OPTIONS)
+    serve.set_defaults(func=_serve)
+
+    migrate = commands.add_parser("migrate", help="upgrade the database schema (Alembic)")
+    _add_settings_options(migrate, ("database_url",))
+    migrate.add_argument("--revision", default="head", help="target revision (default head)")
+    migrate.add_argument("--downgrade", action="store_true", help="downgrade to --revision")
+    migrate.set_defaults(func=_migrate)
+
+    lint = commands.add_parser("lint", help="validate playbook files")
+    lint.add_argument("paths", nargs="+", help="playbook files or directories")
+    lint.add_argument("--plugin", action="append", help="module registering extra actions")
+    lint.set_defaults(func=_lint)
+
+    schema = commands.add_parser("schema", help="print the playbook JSON Schema")
+    schema.set_defaults(func=_schema)
+
+    sim = commands.add_parser("sim", help="run the simulated GPU cluster (Kubernetes API)")
+    try:
+        from remediator.sim import cli as sim_cli
+
+        sim_cli.add_arguments(sim)
+    except ImportError:  # pragma: no cover - the simulator ships with the package
+        pass
+    sim.set_defaults(func=_sim)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

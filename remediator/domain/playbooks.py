@@ -1,0 +1,225 @@
+"""Playbooks: which alerts they answer, how they find their target, and their steps.
+
+A playbook is loaded from YAML into these models and validated completely at load time:
+matchers compile, templates parse, step ids are unique, and every step's params validate
+against its action's own params model (templated values are validated again, with their
+rendered values, when a run is created). A playbook that loads is a playbook that can run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import pydantic
+
+from remediator.domain import durations, matching, retry, templating
+
+
+class ResolvePolicy(enum.StrEnum):
+    """What happens to a run when its alert resolves.
+
+    ``cancel``: steps not yet started are cancelled (a pending approval is withdrawn).
+    ``undo``: as ``cancel``, then the declared undo of every succeeded step runs, newest first.
+    ``continue``: the run carries on to its end.
+    """
+
+    CANCEL = "cancel"
+    UNDO = "undo"
+    CONTINUE = "continue"
+
+
+class OnFailure(enum.StrEnum):
+    STOP = "stop"
+    CONTINUE = "continue"
+
+
+class _Strict(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+class MatchSpec(_Strict):
+    alertname: str | list[str] = pydantic.Field(
+        description="Alert name(s) this playbook answers (exact; used as the match index)."
+    )
+    matchers: list[matching.Matcher] = pydantic.Field(
+        default_factory=list,
+        description='Further label matchers, Alertmanager syntax: severity=~"warning|critical".',
+    )
+
+    @property
+    def alertnames(self) -> tuple[str, ...]:
+        return (self.alertname,) if isinstance(self.alertname, str) else tuple(self.alertname)
+
+    @pydantic.field_validator("alertname")
+    @classmethod
+    def _not_empty(cls, value: str | list[str]) -> str | list[str]:
+        names = [value] if isinstance(value, str) else value
+        if not names or not all(names):
+            raise ValueError("alertname must be a non-empty name or list of names")
+        return value
+
+
+class TargetSpec(_Strict):
+    node_labels: list[str] = pydantic.Field(
+        default_factory=lambda: list(matching.DEFAULT_NODE_LABELS),
+        description="Labels to take the node name from, first non-empty wins "
+        "(instance has its port stripped).",
+    )
+    gpu_labels: list[str] = pydantic.Field(
+        default_factory=lambda: list(matching.DEFAULT_GPU_LABELS),
+        description="Labels to take the GPU (UUID or index) from, first non-empty wins.",
+    )
+    require_node: bool = pydantic.Field(
+        default=True, description="Refuse to run when no node can be found in the labels."
+    )
+
+
+class UndoSpec(_Strict):
+    action: str | None = pydantic.Field(
+        default=None, description="Another action to run as the undo; default: the step's own."
+    )
+    params: dict[str, Any] = pydantic.Field(default_factory=dict)
+    timeout: durations.Duration = dt.timedelta(minutes=5)
+
+
+class StepSpec(_Strict):
+    id: str = pydantic.Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
+    action: str
+    description: str = ""
+    params: dict[str, Any] = pydantic.Field(default_factory=dict)
+    requires_approval: bool = False
+    approvals: int = pydantic.Field(default=1, ge=1, le=5)
+    retries: retry.RetryPolicy = pydantic.Field(
+        default_factory=lambda: retry.RetryPolicy(max_attempts=1)
+    )
+    timeout: durations.Duration = dt.timedelta(minutes=5)
+    on_failure: OnFailure = OnFailure.STOP
+    undo: bool | UndoSpec = pydantic.Field(
+        default=False,
+        description="true: the action's own undo runs on resolution; or an explicit undo step.",
+    )
+
+    @pydantic.field_validator("params")
+    @classmethod
+    def _templates_parse(cls, params: dict[str, Any]) -> dict[str, Any]:
+        try:
+            templating.validate_all(params)
+        except templating.TemplateError as e:
+            raise ValueError(f"template: {e}") from None
+        return params
+
+    @property
+    def undo_spec(self) -> UndoSpec | None:
+        if self.undo is True:
+            return UndoSpec()
+        return self.undo or None
+
+
+class ParamType(enum.StrEnum):
+    STRING = "string"
+    INTEGER = "integer"
+    BOOLEAN = "boolean"
+
+
+class ParameterSpec(_Strict):
+    """A parameter of a manual runbook, validated when an operator triggers it."""
+
+    type: ParamType = ParamType.STRING
+    description: str = ""
+    required: bool = False
+    default: str | int | bool | None = None
+    pattern: str | None = None
+
+
+class Playbook(_Strict):
+    name: str = pydantic.Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    description: str = ""
+    manual: bool = pydantic.Field(
+        default=False, description="A runbook operators trigger by hand (no alert match)."
+    )
+    parameters: dict[str, ParameterSpec] = pydantic.Field(default_factory=dict)
+    match: MatchSpec | None = None
+    target: TargetSpec = pydantic.Field(default_factory=TargetSpec)
+    concurrency: int = pydantic.Field(
+        default=10, ge=1, le=10_000, description="At most this many active runs of the playbook."
+    )
+    cooldown: durations.Duration = pydantic.Field(
+        default=dt.timedelta(0),
+        description="After a run starts on a node, further alerts for that node within this "
+        "time start no new run of this playbook.",
+    )
+    exclusive: bool = pydantic.Field(
+        default=True, description="Hold the node: at most one exclusive run per node at a time."
+    )
+    dry_run: bool = False
+    on_resolve: ResolvePolicy = ResolvePolicy.CANCEL
+    steps: list[StepSpec] = pydantic.Field(min_length=1)
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> Playbook:
+        ids = [step.id for step in self.steps]
+        duplicates = sorted({step_id for step_id in ids if ids.count(step_id) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate step ids: {', '.join(duplicates)}")
+        if self.manual and self.match is not None:
+            raise ValueError("a manual playbook has no match")
+        if not self.manual and self.match is None:
+            raise ValueError("match is required unless the playbook is manual")
+        return self
+
+    def step(self, step_id: str) -> StepSpec:
+        for step in self.steps:
+            if step.id == step_id:
+                return step
+        raise KeyError(step_id)
+
+
+def validate_step_params(
+    step: StepSpec, params_model: type[pydantic.BaseModel], params: Mapping[str, Any]
+) -> list[dict[str, str]]:
+    """Field errors of ``params`` against the action's model; templated fields are deferred."""
+    deferred = templating.templated_paths(dict(params))
+    try:
+        params_model.model_validate(dict(params))
+    except pydantic.ValidationError as e:
+        problems = []
+        for item in e.errors(include_url=False, include_input=False):
+            if tuple(item["loc"][:1]) in {path[:1] for path in deferred}:
+                continue
+            loc = ".".join(str(part) for part in item["loc"])
+            problems.append({"field": f"steps.{step.id}.params.{loc}", "message": item["msg"]})
+        return problems
+    return []
+
+
+class PlaybookIndex:
+    """Playbooks by alertname: matching cost independent of the number of playbooks."""
+
+    def __init__(self, playbooks: list[Playbook]) -> None:
+        self.playbooks = {playbook.name: playbook for playbook in playbooks}
+        self._by_alertname: dict[str, list[Playbook]] = {}
+        for playbook in playbooks:
+            if playbook.match is None:
+                continue
+            for alertname in playbook.match.alertnames:
+                self._by_alertname.setdefault(alertname, []).append(playbook)
+
+    def match(self, labels: Mapping[str, str]) -> list[Playbook]:
+        candidates = self._by_alertname.get(labels.get("alertname", ""), [])
+        return [
+            playbook
+            for playbook in candidates
+            if playbook.match is not None and matching.matches_all(playbook.match.matchers, labels)
+        ]
+
+    def get(self, name: str) -> Playbook | None:
+        return self.playbooks.get(name)
+
+    def __len__(self) -> int:
+        return len(self.playbooks)
+
+
+Trigger = Literal["alert", "manual"]

@@ -1,0 +1,127 @@
+"""Plain records the store returns and the engine decides on (no I/O, no ORM objects)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from remediator.domain import alerts, runs
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Episode:
+    id: int
+    fingerprint: str
+    starts_at: dt.datetime
+    alertname: str
+    status: alerts.AlertStatus
+    handled_status: alerts.AlertStatus | None
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    generator_url: str
+    ends_at: dt.datetime | None
+    first_delivery_id: int | None
+    created_at: dt.datetime
+    resolved_at: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Run:
+    id: int
+    playbook: str
+    kind: runs.RunKind
+    status: runs.RunStatus
+    episode_id: int | None
+    parent_run_id: int | None
+    node: str | None
+    gpu: str | None
+    exclusive: bool
+    dry_run: bool
+    principal: str | None
+    params: dict[str, Any]
+    on_resolve: str
+    reason: str
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    finished_at: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Step:
+    id: int
+    run_id: int
+    seq: int
+    key: str
+    phase: runs.StepPhase
+    action: str
+    params: dict[str, Any]
+    status: runs.StepStatus
+    requires_approval: bool
+    approvals_required: int
+    attempt: int
+    max_attempts: int
+    timeout_seconds: float
+    on_failure: str
+    undo_of: int | None
+    undo: dict[str, Any] | None
+    retry: dict[str, Any]
+    due_at: dt.datetime | None
+    lease_owner: str | None
+    lease_expires_at: dt.datetime | None
+    output: dict[str, Any]
+    error: str | None
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NewStep:
+    seq: int
+    key: str
+    phase: runs.StepPhase
+    action: str
+    params: dict[str, Any]
+    requires_approval: bool = False
+    approvals_required: int = 1
+    max_attempts: int = 1
+    timeout_seconds: float = 300.0
+    on_failure: str = "stop"
+    undo_of: int | None = None
+    undo: dict[str, Any] | None = None
+    retry: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NewRun:
+    playbook: str
+    kind: runs.RunKind
+    episode_id: int | None
+    parent_run_id: int | None = None
+    node: str | None
+    gpu: str | None
+    exclusive: bool = True
+    dry_run: bool = False
+    principal: str | None = None
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    on_resolve: str = "cancel"
+    reason: str = ""
+    status: runs.RunStatus = runs.RunStatus.PENDING
+    steps: tuple[NewStep, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AuditEvent:
+    id: int
+    at: dt.datetime
+    kind: str
+    actor: str
+    run_id: int | None
+    step_id: int | None
+    episode_id: int | None
+    from_status: str | None
+    to_status: str | None
+    reason: str
+    data: dict[str, Any]
+    prev_hash: str
+    hash: str

@@ -1,0 +1,1 @@
+"""The engine: turns alert episodes into runs and carries runs through their steps."""

@@ -1,0 +1,193 @@
+"""From an alert episode (or a manual trigger) and a playbook to a run with its steps.
+
+Planning happens once, when the run is created: templates are rendered with the alert's labels
+and every step's params are validated by its action's own model. A run that cannot be planned
+(no node in the labels, a template without a value, a param the action refuses) is recorded as
+a failed run with the reason, so the audit trail shows the alert was seen and why nothing ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import pydantic
+
+from remediator.domain import matching, playbooks, records, runs, templating
+from remediator.ports import actions
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    node: str | None
+    gpu: str | None
+
+
+def find_target(playbook: playbooks.Playbook, labels: Mapping[str, str]) -> Target:
+    return Target(
+        node=matching.first_label(labels, playbook.target.node_labels),
+        gpu=matching.first_label(labels, playbook.target.gpu_labels),
+    )
+
+
+def template_context(
+    *,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    target: Target,
+    alert: Mapping[str, str],
+    params: Mapping[str, Any],
+    playbook: str,
+) -> dict[str, dict[str, str]]:
+    return {
+        "labels": dict(labels),
+        "annotations": dict(annotations),
+        "target": {key: value for key, value in dataclasses.asdict(target).items() if value},
+        "alert": dict(alert),
+        "params": {key: str(value) for key, value in params.items()},
+        "run": {"playbook": playbook},
+    }
+
+
+class PlanningError(Exception):
+    pass
+
+
+def plan_steps(
+    playbook: playbooks.Playbook,
+    registry: actions.Registry,
+    context: Mapping[str, Mapping[str, str]],
+) -> tuple[records.NewStep, ...]:
+    planned = []
+    for seq, step in enumerate(playbook.steps):
+        if step.action not in registry:
+            raise PlanningError(f"step {step.id}: unknown action {step.action!r}")
+        try:
+            params = templating.render_params(step.params, context)
+        except templating.TemplateError as e:
+            raise PlanningError(f"step {step.id}: {e}") from None
+        action = registry.get(step.action)
+        try:
+            parsed = action.parse(params)
+        except pydantic.ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(map(str, item['loc']))}: {item['msg']}"
+                for item in e.errors(include_url=False, include_input=False)
+            )
+            raise PlanningError(f"step {step.id}: invalid params: {problems}") from None
+        undo = step.undo_spec
+        planned.append(
+            records.NewStep(
+                seq=seq,
+                key=step.id,
+                phase=runs.StepPhase.DO,
+                action=step.action,
+                params=parsed.model_dump(mode="json"),
+                requires_approval=step.requires_approval,
+                approvals_required=step.approvals,
+                max_attempts=step.retries.max_attempts,
+                timeout_seconds=step.timeout.total_seconds(),
+                on_failure=step.on_failure.value,
+                undo=(
+                    {
+                        "action": undo.action or step.action,
+                        "mode": "apply" if undo.action else "undo",
+                        "params": templating.render_params(undo.params, context),
+                        "timeout_seconds": undo.timeout.total_seconds(),
+                    }
+                    if undo
+                    else None
+                ),
+                retry=step.retries.model_dump(mode="json"),
+            )
+        )
+    return tuple(planned)
+
+
+def plan_alert_run(
+    playbook: playbooks.Playbook,
+    episode: records.Episode,
+    registry: actions.Registry,
+    *,
+    dry_run: bool = False,
+) -> records.NewRun:
+    target = find_target(playbook, episode.labels)
+    base = records.NewRun(
+        playbook=playbook.name,
+        kind=runs.RunKind.ALERT,
+        episode_id=episode.id,
+        node=target.node,
+        gpu=target.gpu,
+        exclusive=playbook.exclusive,
+        dry_run=dry_run or playbook.dry_run,
+        on_resolve=playbook.on_resolve.value,
+        reason=f"{episode.alertname} fired",
+    )
+    if playbook.target.require_node and not target.node:
+        wanted = ", ".join(playbook.target.node_labels)
+        return dataclasses.replace(
+            base, status=runs.RunStatus.FAILED, reason=f"no node label found (looked at {wanted})"
+        )
+    context = template_context(
+        labels=episode.labels,
+        annotations=episode.annotations,
+        target=target,
+        alert={
+            "alertname": episode.alertname,
+            "fingerprint": episode.fingerprint,
+            "status": episode.status.value,
+            "startsAt": episode.starts_at.isoformat(),
+            "generatorURL": episode.generator_url,
+        },
+        params={},
+        playbook=playbook.name,
+    )
+    try:
+        steps = plan_steps(playbook, registry, context)
+    except PlanningError as e:
+        return dataclasses.replace(base, status=runs.RunStatus.FAILED, reason=str(e))
+    return dataclasses.replace(base, steps=steps)
+
+
+def plan_undo_run(run: records.Run, steps: list[records.Step]) -> records.NewRun | None:
+    """The undo of every succeeded step that declared one, newest first."""
+    undoable = [
+        step
+        for step in steps
+        if step.phase is runs.StepPhase.DO
+        and step.status is runs.StepStatus.SUCCEEDED
+        and step.undo is not None
+        and not step.output.get("dry_run")
+    ]
+    if not undoable:
+        return None
+    planned = tuple(
+        records.NewStep(
+            seq=seq,
+            key=f"undo-{step.key}",
+            phase=runs.StepPhase.UNDO,
+            action=str(step.undo["action"]) if step.undo else step.action,
+            params=dict(step.undo.get("params") or step.params) if step.undo else step.params,
+            max_attempts=max(step.max_attempts, 3),
+            timeout_seconds=float(step.undo.get("timeout_seconds", 300)) if step.undo else 300.0,
+            on_failure=playbooks.OnFailure.CONTINUE.value,
+            undo_of=step.id,
+            undo={"mode": str(step.undo.get("mode", "undo")) if step.undo else "undo"},
+            retry=step.retry | {"max_attempts": max(step.max_attempts, 3)},
+        )
+        for seq, step in enumerate(reversed(undoable))
+    )
+    return records.NewRun(
+        playbook=run.playbook,
+        kind=runs.RunKind.UNDO,
+        episode_id=run.episode_id,
+        parent_run_id=run.id,
+        node=run.node,
+        gpu=run.gpu,
+        exclusive=run.exclusive,
+        dry_run=run.dry_run,
+        on_resolve=playbooks.ResolvePolicy.CONTINUE.value,
+        reason=f"alert resolved: undo run {run.id}",
+        steps=planned,
+    )

@@ -1,0 +1,206 @@
+"""The engine loop: handle new episodes, start and advance runs, claim and run steps, sweep.
+
+Each pass is a few short transactions. Several replicas can run it against one Postgres: every
+piece of work is either claimed (``FOR UPDATE SKIP LOCKED``, step leases) or guarded by a
+unique key, so two replicas never create the same run or run the same step. Intake wakes the
+loop in-process; other replicas notice new work at the next poll.
+
+Shutdown (SIGTERM): stop claiming, give in-flight steps a grace period, then cancel them and
+hand their steps back (``running → pending``) so another replica takes them at once instead of
+waiting for the lease to expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import uuid
+from typing import Protocol
+
+from remediator.domain import errors, playbooks, records, runs
+from remediator.engine import executor, lifecycle
+
+logger = logging.getLogger("remediator.engine")
+
+
+class RulesSource(Protocol):
+    @property
+    def index(self) -> playbooks.PlaybookIndex: ...
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    poll_interval: float = 1.0
+    lease_seconds: float = 30.0
+    max_concurrent_steps: int = 16
+    batch: int = 50
+    dry_run: bool = False
+    shutdown_grace: float = 20.0
+    max_lost_leases: int = 3
+
+
+class Engine:
+    def __init__(
+        self,
+        services: executor.Services,
+        rules: RulesSource,
+        settings: EngineSettings,
+        *,
+        owner: str | None = None,
+    ) -> None:
+        self.services = services
+        self.rules = rules
+        self.settings = settings
+        self.owner = owner or f"worker-{uuid.uuid4().hex[:12]}"
+        self.runner = executor.StepRunner(
+            services, owner=self.owner, lease_seconds=settings.lease_seconds
+        )
+        self._wake = asyncio.Event()
+        self._in_flight: dict[int, asyncio.Task[None]] = {}
+        self._stopping = False
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run_forever(self) -> None:
+        while not self._stopping:
+            try:
+                busy = await self.tick()
+            except errors.StoreUnavailable as e:
+                logger.warning("engine pass skipped: %s", e)
+                busy = False
+            if busy:
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
+            self._wake.clear()
+
+    async def tick(self) -> bool:
+        """One pass over all kinds of work. Returns whether anything happened."""
+        busy = await self.handle_episodes()
+        busy |= await self.sweep()
+        busy |= await self.start_runs()
+        busy |= await self.advance_runs()
+        busy |= await self.claim_steps()
+        return busy
+
+    async def handle_episodes(self) -> bool:
+        async with self.services.store.transaction("episodes") as tx:
+            episodes = await tx.lock_unhandled_episodes(self.settings.batch)
+            created = 0
+            for episode in episodes:
+                created += await lifecycle.handle_episode(
+                    tx,
+                    episode,
+                    index=self.rules.index,
+                    registry=self.services.registry,
+                    dry_run=self.settings.dry_run,
+                )
+        if created:
+            self.services.observer.runs_created(created)
+        return bool(episodes)
+
+    async def start_runs(self) -> bool:
+        started = False
+        async with self.services.store.transaction("start") as tx:
+            for run in await tx.lock_pending_runs(self.settings.batch):
+                playbook = self.rules.index.get(run.playbook)
+                concurrency = playbook.concurrency if playbook else 1
+                started |= await lifecycle.start_run(tx, run, concurrency=concurrency)
+        return started
+
+    async def advance_runs(self) -> bool:
+        finished: list[tuple[str, str]] = []
+        async with self.services.store.transaction("advance") as tx:
+            candidates = await tx.active_runs_with_no_active_step(self.settings.batch)
+            for run in candidates:
+                done = await lifecycle.advance_run(tx, run)
+                if done:
+                    finished.append(done)
+        for playbook, state in finished:
+            self.services.observer.run_finished(playbook, state)
+        return bool(candidates)
+
+    async def claim_steps(self) -> bool:
+        if self._stopping:
+            return False
+        room = self.settings.max_concurrent_steps - len(self._in_flight)
+        if room <= 0:
+            return False
+        async with self.services.store.transaction("claim") as tx:
+            until = lifecycle.lease_until(tx.now, self.settings.lease_seconds)
+            claimed = await tx.claim_due_steps(owner=self.owner, lease_until=until, limit=room)
+            now = tx.now
+        for step in claimed:
+            if step.due_at is not None:
+                self.services.observer.claim_lag((now - step.due_at).total_seconds())
+            task = asyncio.create_task(self._run_step(step), name=f"step-{step.id}")
+            self._in_flight[step.id] = task
+        return bool(claimed)
+
+    async def _run_step(self, step: records.Step) -> None:
+        try:
+            await self.runner.run(step)
+        except errors.StoreUnavailable as e:
+            logger.warning("step %s outcome not recorded (%s); its lease will expire", step.id, e)
+        except Exception:
+            logger.exception("step %s crashed the runner; its lease will expire", step.id)
+        finally:
+            self._in_flight.pop(step.id, None)
+            self.wake()
+
+    async def sweep(self) -> bool:
+        """Hand back steps whose worker stopped renewing its lease (crashed or partitioned)."""
+        async with self.services.store.transaction("sweep") as tx:
+            expired = await tx.expired_leases(self.settings.batch)
+            for step in expired:
+                if step.id in self._in_flight:
+                    continue
+                lost = step.attempt >= step.max_attempts + self.settings.max_lost_leases
+                target = runs.StepStatus.FAILED if lost else runs.StepStatus.PENDING
+                reason = (
+                    f"worker {step.lease_owner} lost; giving up after {step.attempt} attempts"
+                    if lost
+                    else f"lease of {step.lease_owner} expired; re-queued (effect re-checked)"
+                )
+                moved = await tx.transition_step(
+                    step,
+                    target,
+                    actor=lifecycle.ENGINE,
+                    reason=reason,
+                    values={"lease_owner": None, "lease_expires_at": None, "due_at": tx.now}
+                    if not lost
+                    else {"error": reason},
+                )
+                if lost and moved.on_failure == "stop":
+                    run = await tx.get_run(step.run_id)
+                    if run is not None:
+                        await lifecycle.stop_after_failure(tx, run, moved)
+        return bool(expired)
+
+    async def stop(self) -> None:
+        """Stop claiming; let in-flight steps finish within the grace period; hand back the rest."""
+        self._stopping = True
+        self.wake()
+        if not self._in_flight:
+            return
+        tasks = list(self._in_flight.values())
+        _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        await self._release_own_leases()
+
+    async def _release_own_leases(self) -> None:
+        with contextlib.suppress(errors.StoreUnavailable):
+            async with self.services.store.transaction("release") as tx:
+                for step in await tx.steps_leased_by(self.owner):
+                    await tx.transition_step(
+                        step,
+                        runs.StepStatus.PENDING,
+                        actor=lifecycle.ENGINE,
+                        reason="worker shutting down; handed back (effect re-checked)",
+                        values={"lease_owner": None, "lease_expires_at": None, "due_at": tx.now},
+                    )

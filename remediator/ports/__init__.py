@@ -1,0 +1,1 @@
+"""Interfaces (typing.Protocol / ABC) between the engine, the actions and the adapters."""

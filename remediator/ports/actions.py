@@ -1,0 +1,128 @@
+"""The stable interface every action implements, and what the engine hands it.
+
+An action is a class with a pydantic ``Params`` model, ``check`` (is the effect already in
+place?), ``apply`` and optionally ``undo``. The engine calls ``check`` before every attempt, so
+an attempt that follows a crash finds the effect of the attempt that died and records it instead
+of repeating it. Actions report failure by raising ``errors.ActionFailed`` (``temporary=True``
+for the engine to retry later); anything else they raise counts as a permanent failure.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import datetime as dt
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, ClassVar, Generic, TypeVar
+
+import pydantic
+
+from remediator.domain import errors
+from remediator.ports import cluster as cluster_port
+from remediator.ports import notify as notify_port
+
+P = TypeVar("P", bound=pydantic.BaseModel)
+
+ProgressFn = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+async def _no_progress(_: dict[str, Any]) -> None:
+    return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ActionContext:
+    """What a step's action may know and use. Adapters are reached only through ports."""
+
+    run_id: int
+    step_id: int
+    step_key: str
+    attempt: int
+    playbook: str
+    node: str | None
+    gpu: str | None
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    dry_run: bool
+    now: Callable[[], dt.datetime]
+    notifier: notify_port.Notifier
+    cluster: cluster_port.Cluster | None = None
+    services: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    progress: ProgressFn = _no_progress
+    applied_output: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across retries and crashes of this step."""
+        return f"run-{self.run_id}-step-{self.step_id}"
+
+    def require_cluster(self) -> cluster_port.Cluster:
+        if self.cluster is None:
+            raise errors.ActionFailed("no Kubernetes cluster is configured")
+        return self.cluster
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """The outcome of ``check``: ``in_place`` means the effect is already there."""
+
+    in_place: bool
+    output: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Action(abc.ABC, Generic[P]):
+    name: ClassVar[str]
+    description: ClassVar[str]
+    params_model: ClassVar[type[pydantic.BaseModel]]
+    disruptive: ClassVar[bool] = False
+    supports_undo: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    async def check(self, ctx: ActionContext, params: P) -> Check:
+        """Is the effect already in place? Must not change anything."""
+
+    @abc.abstractmethod
+    async def apply(self, ctx: ActionContext, params: P) -> dict[str, Any]:
+        """Make the change; return what was done (stored as the step output)."""
+
+    async def check_undo(self, ctx: ActionContext, params: P) -> Check:
+        """Is the state ``undo`` would restore already there? Default: no."""
+        return Check(in_place=False)
+
+    async def undo(self, ctx: ActionContext, params: P) -> dict[str, Any]:
+        """Reverse ``apply``; ``ctx.applied_output`` holds what it returned."""
+        raise errors.ActionFailed(f"action {self.name} has no undo")
+
+    def describe(self, params: P) -> str:
+        """One line for plans and the runbook page."""
+        return f"{self.name}({params.model_dump_json()})"
+
+    def parse(self, params: Mapping[str, Any]) -> P:
+        return self.params_model.model_validate(dict(params))  # type: ignore[return-value]
+
+
+class Registry:
+    """Actions by name. The composition root registers the built-ins and any plugins."""
+
+    def __init__(self) -> None:
+        self._actions: dict[str, Action[Any]] = {}
+
+    def register(self, action: Action[Any]) -> None:
+        if action.name in self._actions:
+            raise ValueError(f"action {action.name!r} is registered twice")
+        self._actions[action.name] = action
+
+    def get(self, name: str) -> Action[Any]:
+        return self._actions[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._actions
+
+    def names(self) -> list[str]:
+        return sorted(self._actions)
+
+    def params_models(self) -> dict[str, type[pydantic.BaseModel]]:
+        return {name: action.params_model for name, action in self._actions.items()}
+
+    def all(self) -> list[Action[Any]]:
+        return [self._actions[name] for name in self.names()]
