@@ -1,0 +1,153 @@
+"""Admin endpoints under ``/sim/v1``: GPU state, node flags, settings, faults, state, reset."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pydantic
+from aiohttp import web
+
+from remediator.sim import api, errors, faults, fleet, nvidia
+
+GPU_FIELDS = {f.name for f in dataclasses.fields(nvidia.Gpu)} - {"index"}
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(body, indent=1), status=status,
+                        content_type="application/json")
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.read() or b"{}")
+    except ValueError as e:
+        raise errors.ApiError(400, f"invalid JSON body: {e}") from e
+    if not isinstance(body, dict):
+        raise errors.ApiError(400, "the request body must be an object")
+    return body
+
+
+def _gpu(request: web.Request) -> nvidia.Gpu:
+    cluster = request.app[api.CLUSTER]
+    node = request.match_info["node"]
+    try:
+        index = int(request.match_info["index"])
+    except ValueError as e:
+        raise errors.ApiError(400, "GPU index must be an integer") from e
+    gpu = cluster.gpu(node, index)
+    if gpu is None:
+        raise errors.ApiError(404, f"GPU {index} not found on node {node}")
+    return gpu
+
+
+async def list_gpus(request: web.Request) -> web.Response:
+    cluster = request.app[api.CLUSTER]
+    host = cluster.hosts.get(request.match_info["node"])
+    if host is None:
+        raise errors.ApiError(404, f"node {request.match_info['node']} has no GPUs")
+    return _json({"driver_version": host.driver_version,
+                  "bug_report_hangs": host.bug_report_hangs,
+                  "gpus": [dataclasses.asdict(g) for g in host.gpus]})
+
+
+async def get_gpu(request: web.Request) -> web.Response:
+    return _json(dataclasses.asdict(_gpu(request)))
+
+
+async def patch_gpu(request: web.Request) -> web.Response:
+    gpu = _gpu(request)
+    body = await _body(request)
+    unknown = set(body) - GPU_FIELDS
+    if unknown:
+        raise errors.ApiError(422, f"unknown GPU fields: {sorted(unknown)}", reason="Invalid")
+    for key, value in body.items():
+        current = getattr(gpu, key)
+        if isinstance(current, bool) and not isinstance(value, bool):
+            raise errors.ApiError(422, f"{key} must be a boolean", reason="Invalid")
+        if isinstance(current, (int, float)) and not isinstance(current, bool):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise errors.ApiError(422, f"{key} must be a number", reason="Invalid")
+            value = type(current)(value)
+        setattr(gpu, key, value)
+    return _json(dataclasses.asdict(gpu))
+
+
+async def patch_node(request: web.Request) -> web.Response:
+    cluster = request.app[api.CLUSTER]
+    host = cluster.hosts.get(request.match_info["node"])
+    if host is None:
+        raise errors.ApiError(404, f"node {request.match_info['node']} has no GPUs")
+    body = await _body(request)
+    if "bug_report_hangs" in body:
+        host.bug_report_hangs = bool(body["bug_report_hangs"])
+    return _json({"bug_report_hangs": host.bug_report_hangs})
+
+
+async def get_settings(request: web.Request) -> web.Response:
+    return _json(request.app[api.CLUSTER].settings.model_dump())
+
+
+async def patch_settings(request: web.Request) -> web.Response:
+    cluster = request.app[api.CLUSTER]
+    body = await _body(request)
+    try:
+        cluster.settings = fleet.Settings.model_validate(
+            {**cluster.settings.model_dump(), **body})
+    except pydantic.ValidationError as e:
+        raise errors.ApiError(422, str(e), reason="Invalid") from e
+    cluster.wake.set()
+    return _json(cluster.settings.model_dump())
+
+
+async def get_faults(request: web.Request) -> web.Response:
+    return _json(faults.current(request.app).model_dump())
+
+
+async def put_faults(request: web.Request) -> web.Response:
+    body = await _body(request)
+    if "rules" not in body and body:
+        body = {"rules": [body]}
+    try:
+        config = faults.Faults.model_validate(body)
+    except pydantic.ValidationError as e:
+        raise errors.ApiError(422, str(e), reason="Invalid") from e
+    faults.configure(request.app, config)
+    return _json(config.model_dump())
+
+
+async def state(request: web.Request) -> web.Response:
+    cluster = request.app[api.CLUSTER]
+    st = cluster.store
+    return _json({
+        "resourceVersion": st.resource_version,
+        "settings": cluster.settings.model_dump(),
+        "nodes": st.list("nodes"),
+        "pods": st.list("pods"),
+        "poddisruptionbudgets": st.list("poddisruptionbudgets.policy"),
+        "gpus": {node: [dataclasses.asdict(g) for g in host.gpus]
+                 for node, host in cluster.hosts.items()},
+        "files": {uid: {path: len(data) for path, data in files.items()}
+                  for uid, files in cluster.files.items()},
+    })
+
+
+async def reset(request: web.Request) -> web.Response:
+    cluster = request.app[api.CLUSTER]
+    cluster.reset()
+    faults.configure(request.app, faults.Faults())
+    return _json({"status": "reset", "resourceVersion": cluster.store.resource_version})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/sim/v1/state", state)
+    app.router.add_post("/sim/v1/reset", reset)
+    app.router.add_get("/sim/v1/faults", get_faults)
+    app.router.add_put("/sim/v1/faults", put_faults)
+    app.router.add_get("/sim/v1/settings", get_settings)
+    app.router.add_patch("/sim/v1/settings", patch_settings)
+    app.router.add_get("/sim/v1/nodes/{node}/gpus", list_gpus)
+    app.router.add_patch("/sim/v1/nodes/{node}", patch_node)
+    app.router.add_get("/sim/v1/nodes/{node}/gpus/{index}", get_gpu)
+    app.router.add_patch("/sim/v1/nodes/{node}/gpus/{index}", patch_gpu)

@@ -1,0 +1,83 @@
+"""``remediator sim``: run the simulated cluster and write a kubeconfig for its clients."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import secrets
+import signal
+import sys
+
+from remediator.sim import fleet as fleet_mod
+from remediator.sim import testing
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", default="127.0.0.1:6443", metavar="HOST:PORT",
+                        help="address to serve the Kubernetes API on (port 0: any free port)")
+    parser.add_argument("--fleet", default=None, metavar="FILE",
+                        help="fleet description (YAML); default: the packaged default fleet")
+    parser.add_argument("--token", default=None,
+                        help="bearer token clients must present (default: random, printed)")
+    parser.add_argument("--kubeconfig", default="sim.kubeconfig", metavar="PATH",
+                        help="where to write a kubeconfig for the simulator")
+    parser.add_argument("--time-scale", type=float, default=None, metavar="FACTOR",
+                        help="real seconds per simulated second (e.g. 0.1 runs 10x faster)")
+    parser.add_argument("--default-grace", type=int, default=None, metavar="SECONDS",
+                        help="override every pod's terminationGracePeriodSeconds")
+    parser.add_argument("--bug-report-seconds", type=float, default=None, metavar="SECONDS",
+                        help="simulated duration of nvidia-bug-report.sh")
+
+
+def _load_fleet(args: argparse.Namespace) -> fleet_mod.Fleet:
+    fleet = fleet_mod.Fleet.from_file(args.fleet) if args.fleet else fleet_mod.Fleet.default()
+    updates: dict[str, object] = {}
+    if args.default_grace is not None:
+        updates["default_grace_seconds"] = args.default_grace
+    if args.bug_report_seconds is not None:
+        updates["bug_report_seconds"] = args.bug_report_seconds
+    if updates:
+        fleet = fleet.model_copy(update={"settings": fleet.settings.model_copy(update=updates)})
+    return fleet
+
+
+async def _serve(args: argparse.Namespace, fleet: fleet_mod.Fleet, token: str) -> None:
+    host, _, port = args.listen.rpartition(":")
+    sim = await testing.start_sim(fleet, token=token, time_scale=args.time_scale,
+                                  host=host or "127.0.0.1", port=int(port),
+                                  kubeconfig_path=args.kubeconfig)
+    print(f"remediator sim: serving the Kubernetes API on {sim.url}", flush=True)
+    print(f"remediator sim: token {token}", flush=True)
+    print(f"remediator sim: kubeconfig written to {sim.kubeconfig_path} "
+          f"(context {testing.CONTEXT})", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await sim.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        fleet = _load_fleet(args)
+    except (OSError, ValueError) as e:
+        print(f"remediator sim: cannot load fleet: {e}", file=sys.stderr)
+        return 2
+    token = args.token or secrets.token_urlsafe(24)
+    try:
+        asyncio.run(_serve(args, fleet, token))
+    except OSError as e:
+        print(f"remediator sim: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m remediator.sim", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

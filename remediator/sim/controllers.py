@@ -1,0 +1,189 @@
+"""The controller loop: graceful termination, workload controllers, scheduler, kubelet start.
+
+Level-triggered, like the real controllers: every pass compares desired with observed state.
+A pass runs whenever a pod, node or workload changes (``Cluster.wake``) or a deadline (end of
+a grace period, end of a pod's start-up) comes due. Deadlines are in real seconds already
+multiplied by ``settings.time_scale``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from remediator.sim import cluster as cluster_mod
+from remediator.sim import objects
+
+Obj = dict[str, Any]
+
+
+class Controllers:
+    def __init__(self, cluster: cluster_mod.Cluster) -> None:
+        self.cluster = cluster
+        self.terminate_at: dict[str, float] = {}  # pod uid -> loop time
+        self.ready_at: dict[str, float] = {}
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self.cluster.wake.clear()
+            self.reconcile(loop.time())
+            deadlines = [*self.terminate_at.values(), *self.ready_at.values()]
+            timeout = max(0.0, min(deadlines) - loop.time()) if deadlines else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.cluster.wake.wait(), timeout)
+
+    def reconcile(self, now: float) -> None:
+        self.finish_terminations(now)
+        self.reconcile_workloads()
+        self.schedule()
+        self.start_pods(now)
+
+    # ---- termination -------------------------------------------------------------------
+
+    def finish_terminations(self, now: float) -> None:
+        st = self.cluster.store
+        live = set()
+        for pod in list(st.iter("pods")):
+            meta = pod["metadata"]
+            if not meta.get("deletionTimestamp"):
+                continue
+            uid = meta["uid"]
+            live.add(uid)
+            grace = float(meta.get("deletionGracePeriodSeconds") or 0)
+            deadline = self.terminate_at.setdefault(uid, now + self.cluster.scaled(grace))
+            if deadline <= now:
+                st.delete("pods", meta["namespace"], meta["name"])
+                self.terminate_at.pop(uid, None)
+                live.discard(uid)
+        for uid in set(self.terminate_at) - live:
+            del self.terminate_at[uid]
+
+    # ---- workload controllers ----------------------------------------------------------
+
+    def reconcile_workloads(self) -> None:
+        st = self.cluster.store
+        pods_by_owner: dict[str, list[Obj]] = {}
+        for pod in st.iter("pods"):
+            ref = objects.controller_of(pod)
+            if ref is not None:
+                pods_by_owner.setdefault(ref["uid"], []).append(pod)
+        for rs in list(st.iter("replicasets.apps")):
+            owned = pods_by_owner.get(rs["metadata"]["uid"], [])
+            active = [p for p in owned if not p["metadata"].get("deletionTimestamp")]
+            for _ in range(int(rs["spec"].get("replicas", 1)) - len(active)):
+                name = f"{rs['metadata']['name']}-{objects.random_suffix()}"
+                self._create_pod(rs, name)
+        for ss in list(st.iter("statefulsets.apps")):
+            names = {p["metadata"]["name"] for p in pods_by_owner.get(ss["metadata"]["uid"], [])}
+            for ordinal in range(int(ss["spec"].get("replicas", 1))):
+                name = f"{ss['metadata']['name']}-{ordinal}"
+                if name not in names and st.get("pods", ss["metadata"]["namespace"], name) is None:
+                    self._create_pod(ss, name)
+        for ds in list(st.iter("daemonsets.apps")):
+            covered = {p["spec"].get("nodeName") for p in
+                       pods_by_owner.get(ds["metadata"]["uid"], [])}
+            selector = ds["spec"]["template"].get("spec", {}).get("nodeSelector") or {}
+            for node in list(st.iter("nodes")):
+                labels = node["metadata"].get("labels") or {}
+                name = node["metadata"]["name"]
+                if name in covered or not cluster_mod._selects(selector, labels):
+                    continue
+                pod_name = f"{ds['metadata']['name']}-{objects.random_suffix()}"
+                self._create_pod(ds, pod_name, node_name=name)
+
+    def _create_pod(self, owner: Obj, name: str, node_name: str | None = None) -> None:
+        pod = objects.pod_from_template(owner["spec"]["template"], name=name,
+                                        namespace=owner["metadata"]["namespace"],
+                                        owner=owner, node_name=node_name)
+        if owner["kind"] == "DaemonSet":
+            pod["spec"]["tolerations"] = [*pod["spec"].get("tolerations", []),
+                                          *cluster_mod.DAEMONSET_TOLERATIONS]
+        if node_name:
+            objects.mark_scheduled(pod, node_name)
+        self.cluster.store.create("pods", pod)
+
+    # ---- scheduler ---------------------------------------------------------------------
+
+    def schedule(self) -> None:
+        st = self.cluster.store
+        pending = [p for p in st.iter("pods")
+                   if not p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")]
+        for pod in pending:
+            node_name, message = self.pick_node(pod)
+            meta = pod["metadata"]
+            if node_name is not None:
+                st.mutate("pods", meta["namespace"], meta["name"],
+                          lambda p, n=node_name: objects.mark_scheduled(p, n))
+                continue
+            conditions = pod.get("status", {}).get("conditions") or []
+            if not any(c.get("message") == message for c in conditions):
+                st.mutate("pods", meta["namespace"], meta["name"],
+                          lambda p, m=message: objects.pending_unschedulable(p, m))
+
+    def gpus_in_use(self, node_name: str) -> int:
+        return sum(
+            objects.gpu_request(p) for p in self.cluster.store.iter("pods")
+            if p["spec"].get("nodeName") == node_name
+            and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+        )
+
+    def pick_node(self, pod: Obj) -> tuple[str | None, str]:
+        nodes = list(self.cluster.store.iter("nodes"))
+        reasons: dict[str, int] = {}
+        fits: list[tuple[int, str]] = []
+        selector = pod["spec"].get("nodeSelector") or {}
+        wanted = objects.gpu_request(pod)
+        for node in nodes:
+            name = node["metadata"]["name"]
+            taints = node["spec"].get("taints") or []
+            untolerated = [t for t in taints if t.get("effect") in ("NoSchedule", "NoExecute")
+                           and not objects.tolerates(pod, t)]
+            free = int(node["status"].get("allocatable", {}).get("nvidia.com/gpu", "0")) - (
+                self.gpus_in_use(name))
+            if node["spec"].get("unschedulable"):
+                reason = "node(s) were unschedulable"
+            elif untolerated:
+                t = untolerated[0]
+                reason = (f"node(s) had untolerated taint {{{t['key']}: {t.get('value', '')}}}"
+                          if t.get("value") else f"node(s) had untolerated taint {{{t['key']}: }}")
+            elif not cluster_mod._selects(selector, node["metadata"].get("labels") or {}):
+                reason = "node(s) didn't match Pod's node affinity/selector"
+            elif wanted > free:
+                reason = "Insufficient nvidia.com/gpu"
+            else:
+                fits.append((-free, name))
+                continue
+            reasons[reason] = reasons.get(reason, 0) + 1
+        if fits:
+            return sorted(fits)[0][1], ""
+        detail = ", ".join(f"{count} {reason}" for reason, count in sorted(reasons.items()))
+        message = (f"0/{len(nodes)} nodes are available: {detail}. preemption: 0/{len(nodes)} "
+                   "nodes are available: "
+                   f"{len(nodes)} Preemption is not helpful for scheduling.")
+        return None, message
+
+    # ---- kubelet ----------------------------------------------------------------------
+
+    def start_pods(self, now: float) -> None:
+        st = self.cluster.store
+        seen = set()
+        for pod in list(st.iter("pods")):
+            meta = pod["metadata"]
+            node_name = pod["spec"].get("nodeName")
+            if (not node_name or meta.get("deletionTimestamp")
+                    or pod.get("status", {}).get("phase") != "Pending"):
+                continue
+            uid = meta["uid"]
+            seen.add(uid)
+            due = self.ready_at.setdefault(
+                uid, now + self.cluster.scaled(self.cluster.settings.pod_startup_seconds))
+            if due <= now:
+                node = st.get("nodes", "", node_name)
+                ip = objects.node_ip(node) if node else "10.0.0.1"
+                st.mutate("pods", meta["namespace"], meta["name"],
+                          lambda p, ip=ip: objects.mark_running(p, ip))
+                self.ready_at.pop(uid, None)
+        for uid in set(self.ready_at) - seen:
+            del self.ready_at[uid]

@@ -1,0 +1,125 @@
+"""``pods/exec`` over websockets (channel.k8s.io protocols) and SPDY/3.1 (old kubectl).
+
+Websocket frames are ``<channel byte><payload>``: 0 stdin, 1 stdout, 2 stderr, 3 error/status,
+4 resize. With ``v4``/``v5.channel.k8s.io`` channel 3 carries a JSON ``metav1.Status``; with
+the older protocols it carries the error text only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from remediator.sim import commands, errors, faults
+
+if TYPE_CHECKING:
+    from remediator.sim import cluster as cluster_mod
+
+PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io", "v3.channel.k8s.io",
+             "v2.channel.k8s.io", "channel.k8s.io")
+STATUS_PROTOCOLS = {"v5.channel.k8s.io", "v4.channel.k8s.io"}
+ERROR_CHANNEL = 3
+
+
+def status_for(argv: list[str], rc: int) -> dict[str, Any]:
+    if rc == 0:
+        return {"metadata": {}, "status": "Success"}
+    return {
+        "metadata": {},
+        "status": "Failure",
+        "message": (f"command terminated with non-zero exit code: error executing command "
+                    f"[{' '.join(argv)}], exit code {rc}"),
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": str(rc)}]},
+    }
+
+
+def prepare(cluster: cluster_mod.Cluster, request: web.Request, ns: str,
+            name: str) -> tuple[commands.Context, list[str]]:
+    """Validate like the apiserver does before upgrading; return the exec context and argv."""
+    pod = cluster.store.get("pods", ns, name)
+    if pod is None:
+        raise errors.not_found("pods", name)
+    containers = [c["name"] for c in pod["spec"].get("containers", [])]
+    container = request.query.get("container")
+    if not container:
+        if len(containers) != 1:
+            raise errors.ApiError(400, f"a container name must be specified for pod {name}, "
+                                  f"choose one of: [{' '.join(containers)}]")
+        container = containers[0]
+    if container not in containers:
+        raise errors.ApiError(400, f"container {container} is not valid for pod {name}")
+    if not pod["spec"].get("nodeName"):
+        raise errors.ApiError(400, f"pod {name} does not have a host assigned")
+    if pod.get("status", {}).get("phase") != "Running":
+        raise errors.ApiError(400, f'unable to upgrade connection: container not found '
+                              f'("{container}")')
+    argv = request.query.getall("command", [])
+    if not argv:
+        raise errors.ApiError(400, "you must specify at least 1 command")
+    node = pod["spec"]["nodeName"]
+    host = cluster.hosts.get(node) if commands.is_driver_pod(pod) else None
+    files = cluster.files.setdefault(pod["metadata"]["uid"], {})
+    ctx = commands.Context(pod=pod, container=container, host=host, files=files,
+                           bug_report_seconds=cluster.scaled(
+                               cluster.settings.bug_report_seconds))
+    return ctx, argv
+
+
+async def handle(request: web.Request, cluster: cluster_mod.Cluster, ns: str,
+                 name: str) -> web.StreamResponse:
+    ctx, argv = prepare(cluster, request, ns, name)
+    upgrade = request.headers.get("Upgrade", "").lower()
+    if upgrade == "websocket":
+        return await handle_websocket(request, ctx, argv)
+    if upgrade.startswith("spdy/3"):
+        from remediator.sim import spdy
+
+        return await spdy.handle(request, ctx, argv)
+    raise errors.ApiError(400, "Upgrade request required", reason="BadRequest")
+
+
+async def handle_websocket(request: web.Request, ctx: commands.Context,
+                           argv: list[str]) -> web.StreamResponse:
+    ws = web.WebSocketResponse(protocols=PROTOCOLS, autoping=True)
+    await ws.prepare(request)
+    protocol = ws.ws_protocol or "v4.channel.k8s.io"
+    if faults.should_drop_websocket(request):
+        await ws.close(code=aiohttp.WSCloseCode.INTERNAL_ERROR, message=b"dropped")
+        return ws
+
+    async def emit(channel: int, data: bytes) -> None:
+        if not ws.closed:
+            await ws.send_bytes(bytes([channel]) + data)
+
+    async def run() -> int:
+        return await commands.run(ctx, argv, emit)
+
+    task = asyncio.ensure_future(run())
+    reader = asyncio.ensure_future(_drain(ws))
+    done, _ = await asyncio.wait({task, reader}, return_when=asyncio.FIRST_COMPLETED)
+    if task not in done:  # the client went away first
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return ws
+    rc = task.result()
+    if protocol in STATUS_PROTOCOLS:
+        await emit(ERROR_CHANNEL, json.dumps(status_for(argv, rc)).encode())
+    elif rc != 0:
+        await emit(ERROR_CHANNEL, status_for(argv, rc)["message"].encode())
+    await ws.close()
+    reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
+    return ws
+
+
+async def _drain(ws: web.WebSocketResponse) -> None:
+    async for _ in ws:
+        pass  # stdin, resize and the v5 close signal are accepted and ignored

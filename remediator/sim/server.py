@@ -1,0 +1,93 @@
+"""The simulator's aiohttp application: middlewares, routes and the controller task."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from remediator.sim import admin, api, controllers, disruption, errors, faults
+from remediator.sim import cluster as cluster_mod
+from remediator.sim import fleet as fleet_mod
+
+log = logging.getLogger(__name__)
+TOKEN = web.AppKey("token", str)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _status_response(error: errors.ApiError) -> web.Response:
+    return web.Response(text=json.dumps(error.body), status=error.code,
+                        content_type="application/json", headers=error.headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except errors.ApiError as e:
+        return _status_response(e)
+    except web.HTTPNotFound:
+        return _status_response(api.not_found_path())
+    except web.HTTPMethodNotAllowed:
+        return _status_response(errors.ApiError(
+            405, f"the server does not allow this method on the requested resource "
+            f"({request.method})", reason="MethodNotAllowed"))
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("internal error serving %s %s", request.method, request.path)
+        return _status_response(errors.ApiError(500, "Internal error occurred"))
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    expected = "Bearer " + request.app[TOKEN]
+    given = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise errors.ApiError(401, "Unauthorized")
+    return await handler(request)
+
+
+def create_app(fleet: fleet_mod.Fleet, *, token: str,
+               time_scale: float | None = None) -> web.Application:
+    """Build the simulator for ``fleet``; every request needs ``Authorization: Bearer token``."""
+    if time_scale is not None:
+        fleet = fleet.model_copy(update={
+            "settings": fleet.settings.model_copy(update={"time_scale": time_scale})})
+    app = web.Application(middlewares=[error_middleware, auth_middleware, faults.middleware])
+    cluster = cluster_mod.Cluster(fleet)
+    disruption.install(cluster)
+    app[api.CLUSTER] = cluster
+    app[TOKEN] = token
+    app[faults.FAULTS] = faults.State()
+    admin.add_routes(app)
+    router = app.router
+    router.add_get("/version", api.version)
+    router.add_get("/version/", api.version)
+    router.add_get("/healthz", api.healthz)
+    router.add_get("/livez", api.healthz)
+    router.add_get("/readyz", api.healthz)
+    for slash in ("", "/"):  # clients ask for both /api/v1 and /api/v1/
+        router.add_get("/api" + slash, api.core_versions)
+        router.add_get("/apis" + slash, api.group_list)
+        router.add_get("/api/{version}" + slash, api.resource_list)
+        router.add_get("/apis/{group}" + slash, api.group)
+        router.add_get("/apis/{group}/{version}" + slash, api.resource_list)
+    router.add_route("*", "/api/{tail:.+}", api.dispatch)
+    router.add_route("*", "/apis/{tail:.+}", api.dispatch)
+    app.cleanup_ctx.append(_run_controllers)
+    return app
+
+
+async def _run_controllers(app: web.Application) -> AsyncIterator[None]:
+    loop = controllers.Controllers(app[api.CLUSTER])
+    task = asyncio.create_task(loop.run(), name="sim-controllers")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -1,0 +1,225 @@
+"""In-memory object store with etcd-like resource versions, history and watches.
+
+Every mutation takes the next value of one global counter as the object's
+``metadata.resourceVersion`` (as etcd's revision does), is appended to a bounded history and
+is fanned out to watchers. A watch started from a resource version older than the history
+gets a 410 ``Expired`` error event, as from kube-apiserver's watch cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import dataclasses
+import datetime
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from remediator.sim import errors, resources
+
+Obj = dict[str, Any]
+Hook = Callable[[str, str, Obj], None]
+HISTORY = 2000
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def timestamp(moment: datetime.datetime | None = None) -> str:
+    return (moment or utcnow()).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    rv: int
+    store_key: str
+    type: str  # ADDED, MODIFIED, DELETED
+    obj: Obj
+    old: Obj | None
+
+
+class Watcher:
+    def __init__(self, store: Store, store_key: str, namespace: str | None) -> None:
+        self.store = store
+        self.store_key = store_key
+        self.namespace = namespace
+        self.queue: asyncio.Queue[Change] = asyncio.Queue()
+
+    def wants(self, change: Change) -> bool:
+        if change.store_key != self.store_key:
+            return False
+        return self.namespace is None or change.obj["metadata"].get("namespace") == self.namespace
+
+    def close(self) -> None:
+        self.store.watchers.discard(self)
+
+
+class Store:
+    def __init__(self) -> None:
+        self._rv = 0
+        self._objects: dict[str, dict[tuple[str, str], Obj]] = collections.defaultdict(dict)
+        self.history: collections.deque[Change] = collections.deque(maxlen=HISTORY)
+        self.watchers: set[Watcher] = set()
+        self.hooks: list[Hook] = []
+
+    # ---- reading ---------------------------------------------------------------------
+
+    @property
+    def resource_version(self) -> str:
+        return str(self._rv)
+
+    def get(self, store_key: str, namespace: str, name: str) -> Obj | None:
+        obj = self._objects[store_key].get((namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def must_get(self, store_key: str, namespace: str, name: str) -> Obj:
+        obj = self.get(store_key, namespace, name)
+        if obj is None:
+            res = resources.by_store_key(store_key)
+            raise errors.not_found(res.name, name, group=res.group)
+        return obj
+
+    def list(self, store_key: str, namespace: str | None = None) -> list[Obj]:
+        return [copy.deepcopy(o) for o in self.iter(store_key, namespace)]
+
+    def iter(self, store_key: str, namespace: str | None = None) -> Iterator[Obj]:
+        """Iterate live objects without copying: callers must not mutate them."""
+        bucket = self._objects[store_key]
+        for key in sorted(bucket):
+            if namespace is None or key[0] == namespace:
+                yield bucket[key]
+
+    # ---- writing ---------------------------------------------------------------------
+
+    def _next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def create(self, store_key: str, obj: Obj) -> Obj:
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        res = resources.by_store_key(store_key)
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        name = meta.get("name")
+        if not name:
+            raise errors.ApiError(422, "name or generateName is required", reason="Invalid")
+        namespace = meta.get("namespace", "") if res.namespaced else ""
+        if res.namespaced and not namespace:
+            namespace = meta["namespace"] = "default"
+        if (namespace, name) in self._objects[store_key]:
+            raise errors.already_exists(res.name, name, group=res.group)
+        meta.pop("resourceVersion", None)
+        meta["uid"] = meta.get("uid") or str(uuid.uuid4())
+        meta["creationTimestamp"] = meta.get("creationTimestamp") or timestamp()
+        if res.has_generation:
+            meta["generation"] = 1
+        meta["resourceVersion"] = self._next_rv()
+        obj.setdefault("kind", res.kind)
+        obj.setdefault("apiVersion", res.api_version)
+        self._objects[store_key][(namespace, name)] = obj
+        self._emit(store_key, "ADDED", obj, None)
+        return copy.deepcopy(obj)
+
+    def update(self, store_key: str, obj: Obj, *, check_rv: bool = True) -> Obj:
+        """Replace an object; a non-empty ``metadata.resourceVersion`` is a precondition."""
+        obj = copy.deepcopy(obj)
+        res = resources.by_store_key(store_key)
+        meta = obj.setdefault("metadata", {})
+        namespace = meta.get("namespace", "") if res.namespaced else ""
+        name = meta.get("name", "")
+        old = self._objects[store_key].get((namespace, name))
+        if old is None:
+            raise errors.not_found(res.name, name, group=res.group)
+        wanted = meta.get("resourceVersion")
+        if check_rv and wanted and wanted != old["metadata"]["resourceVersion"]:
+            raise errors.conflict(res.name, name, group=res.group)
+        for key in ("uid", "creationTimestamp", "deletionTimestamp",
+                    "deletionGracePeriodSeconds"):
+            if key in old["metadata"]:
+                meta[key] = old["metadata"][key]
+            else:
+                meta.pop(key, None)
+        if res.has_generation:
+            meta["generation"] = old["metadata"].get("generation", 1)
+            if obj.get("spec") != old.get("spec"):
+                meta["generation"] += 1
+        obj["kind"] = old["kind"]
+        obj["apiVersion"] = old["apiVersion"]
+        meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if obj == old:
+            return copy.deepcopy(old)  # no-op writes keep their resourceVersion
+        meta["resourceVersion"] = self._next_rv()
+        self._objects[store_key][(namespace, name)] = obj
+        self._emit(store_key, "MODIFIED", obj, old)
+        return copy.deepcopy(obj)
+
+    def mutate(self, store_key: str, namespace: str, name: str, fn: Callable[[Obj], None]) -> Obj:
+        """Read-modify-write without a precondition (for controllers)."""
+        obj = self.must_get(store_key, namespace, name)
+        fn(obj)
+        return self.update(store_key, obj, check_rv=False)
+
+    def set_deletion(self, store_key: str, namespace: str, name: str, grace: int) -> Obj:
+        old = self._objects[store_key][(namespace, name)]
+        obj = copy.deepcopy(old)
+        meta = obj["metadata"]
+        deadline = utcnow() + datetime.timedelta(seconds=grace)
+        meta["deletionTimestamp"] = timestamp(deadline)
+        meta["deletionGracePeriodSeconds"] = grace
+        meta["resourceVersion"] = self._next_rv()
+        self._objects[store_key][(namespace, name)] = obj
+        self._emit(store_key, "MODIFIED", obj, old)
+        return copy.deepcopy(obj)
+
+    def delete(self, store_key: str, namespace: str, name: str) -> Obj:
+        res = resources.by_store_key(store_key)
+        old = self._objects[store_key].pop((namespace if res.namespaced else "", name), None)
+        if old is None:
+            raise errors.not_found(res.name, name, group=res.group)
+        obj = copy.deepcopy(old)
+        obj["metadata"]["resourceVersion"] = self._next_rv()
+        self._emit(store_key, "DELETED", obj, old)
+        return copy.deepcopy(obj)
+
+    def clear(self) -> None:
+        self._objects.clear()
+        self.history.clear()
+
+    # ---- watching --------------------------------------------------------------------
+
+    def _emit(self, store_key: str, kind: str, obj: Obj, old: Obj | None) -> None:
+        change = Change(int(obj["metadata"]["resourceVersion"]), store_key, kind,
+                        copy.deepcopy(obj), copy.deepcopy(old) if old is not None else None)
+        self.history.append(change)
+        for watcher in list(self.watchers):
+            if watcher.wants(change):
+                watcher.queue.put_nowait(change)
+        for hook in list(self.hooks):
+            hook(store_key, kind, obj)
+
+    def watch(self, store_key: str, namespace: str | None, since: str | None) -> Watcher:
+        """Start a watch. ``since`` empty/"0": synthetic ADDED for current objects first."""
+        watcher = Watcher(self, store_key, namespace)
+        if not since or since == "0":
+            for obj in self.iter(store_key, namespace):
+                rv = int(obj["metadata"]["resourceVersion"])
+                watcher.queue.put_nowait(Change(rv, store_key, "ADDED", copy.deepcopy(obj), None))
+        else:
+            try:
+                start = int(since)
+            except ValueError as e:
+                raise errors.ApiError(400, f"invalid resource version: {since}") from e
+            oldest = self.history[0].rv if self.history else self._rv + 1
+            if start < oldest - 1 and start < self._rv:
+                raise errors.ApiError(
+                    410, f"too old resource version: {start} ({oldest - 1})", reason="Expired"
+                )
+            for change in self.history:
+                if change.rv > start and watcher.wants(change):
+                    watcher.queue.put_nowait(change)
+        self.watchers.add(watcher)
+        return watcher
