@@ -2,13 +2,99 @@
 
 Only the adapter knows kubernetes_asyncio; actions speak in these plain records, so they are
 tested against the simulator through the real client and, in unit tests, against fakes of this
-port.
+port. The adapter retries transport failures (429, 5xx, connection errors) itself, within
+bounds; what reaches an action is either a result or one of the ``ClusterError`` classes below.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import enum
+import re
+from collections.abc import Mapping
 from typing import Any, Protocol
+
+from remediator.domain import errors
+
+# ---- errors -----------------------------------------------------------------------------
+
+
+class ClusterError(errors.RemediatorError):
+    """The Kubernetes API refused or could not answer. ``status`` is the HTTP status, if any."""
+
+    code = "cluster_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        reason: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.retry_after = retry_after
+
+    @property
+    def temporary(self) -> bool:
+        """Worth trying again later (the adapter has already retried within its bounds)."""
+        return False
+
+
+class NotFound(ClusterError, errors.NotFound):
+    code = "not_found"
+
+
+class Conflict(ClusterError, errors.Conflict):
+    """409: a resourceVersion precondition failed or the object already exists."""
+
+    code = "conflict"
+
+    @property
+    def temporary(self) -> bool:
+        return True
+
+
+class Forbidden(ClusterError, errors.Forbidden):
+    code = "forbidden"
+
+
+class Invalid(ClusterError):
+    """400/422: the request can never succeed as sent."""
+
+    code = "invalid"
+
+
+class TooManyRequests(ClusterError):
+    """429 that outlasted the adapter's retries."""
+
+    code = "too_many_requests"
+
+    @property
+    def temporary(self) -> bool:
+        return True
+
+
+class Unavailable(ClusterError):
+    """5xx, connection failures and timeouts that outlasted the adapter's retries."""
+
+    code = "unavailable"
+
+    @property
+    def temporary(self) -> bool:
+        return True
+
+
+class ExecTimedOut(Unavailable):
+    """An exec'd command gave no result within its timeout (it may still be running)."""
+
+    code = "exec_timed_out"
+
+
+# ---- records ----------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -16,7 +102,21 @@ class ExecResult:
     stdout: bytes
     stderr: bytes
     exit_code: int | None
+    """None when the command did not run or its status carried no code (see ``status``)."""
     status: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Taint:
+    key: str
+    effect: str
+    value: str | None = None
+
+    def as_dict(self) -> dict[str, str]:
+        out = {"key": self.key, "effect": self.effect}
+        if self.value is not None:
+            out["value"] = self.value
+        return out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -24,18 +124,223 @@ class NodeInfo:
     name: str
     labels: dict[str, str]
     annotations: dict[str, str]
-    taints: list[dict[str, Any]]
+    taints: list[Taint]
     unschedulable: bool
     resource_version: str
+    uid: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OwnerRef:
+    kind: str
+    name: str
+    uid: str = ""
+    controller: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PodInfo:
+    namespace: str
+    name: str
+    uid: str
+    node_name: str | None
+    phase: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    owners: list[OwnerRef]
+    volume_kinds: list[str]
+    """Volume source kinds (``emptyDir``, ``hostPath``, …), one per volume."""
+    containers: list[str]
+    termination_grace_period_seconds: int | None
+    deletion_timestamp: dt.datetime | None = None
+    resource_version: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def controller(self) -> OwnerRef | None:
+        return next((o for o in self.owners if o.controller), None)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PdbInfo:
+    namespace: str
+    name: str
+    match_labels: dict[str, str]
+    match_expressions: list[dict[str, Any]]
+    disruptions_allowed: int | None
+    current_healthy: int | None
+    desired_healthy: int | None
+    expected_pods: int | None
+
+
+class EvictionOutcome(enum.StrEnum):
+    EVICTED = "evicted"
+    BLOCKED = "blocked"  # 429: a PodDisruptionBudget forbids it now
+    GONE = "gone"  # 404: nothing to evict
+    ERROR = "error"  # e.g. 500 when several budgets select the pod
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvictionResult:
+    outcome: EvictionOutcome
+    message: str = ""
+    pdb: str | None = None
+    """The blocking budget's name when the API said which one."""
+    status: int | None = None
+    retry_after: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ObjectRef:
+    """What an Event is about."""
+
+    kind: str  # "Node" or "Pod"
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    api_version: str = "v1"
+
+
+# ---- the port ---------------------------------------------------------------------------
 
 
 class Cluster(Protocol):
+    @property
+    def gpu_node_selector(self) -> str:
+        """Label selector a node must match before any action may touch it."""
+        ...
+
+    @property
+    def driver_namespace(self) -> str: ...
+
+    @property
+    def driver_selector(self) -> str: ...
+
+    @property
+    def driver_container(self) -> str: ...
+
+    def is_gpu_node(self, node: NodeInfo) -> bool: ...
+
     async def get_node(self, name: str) -> NodeInfo: ...
 
     async def list_nodes(self, label_selector: str = "") -> list[NodeInfo]: ...
 
+    async def patch_node(
+        self,
+        name: str,
+        *,
+        unschedulable: bool | None = None,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+        resource_version: str | None = None,
+    ) -> NodeInfo:
+        """Strategic merge when ``unschedulable`` is set, else JSON merge patch; ``None``
+        values remove keys; ``resource_version`` is a precondition (``Conflict`` on 409)."""
+        ...
+
+    async def replace_node_taints(
+        self, name: str, taints: list[Taint], *, resource_version: str
+    ) -> NodeInfo:
+        """Write the whole taint list, guarded by ``resource_version`` (``Conflict`` on 409)."""
+        ...
+
+    async def list_pods(
+        self,
+        *,
+        namespace: str | None = None,
+        field_selector: str = "",
+        label_selector: str = "",
+        page_size: int = 500,
+    ) -> list[PodInfo]: ...
+
+    async def get_pod(self, namespace: str, name: str) -> PodInfo: ...
+
+    async def evict_pod(
+        self, namespace: str, name: str, *, grace_period_seconds: int | None = None
+    ) -> EvictionResult: ...
+
+    async def annotate_pod(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> PodInfo: ...
+
+    async def list_pdbs(self, namespace: str | None = None) -> list[PdbInfo]: ...
+
+    async def create_event(
+        self, *, target: ObjectRef, reason: str, message: str, type: str = "Normal"
+    ) -> str:
+        """Record an Event about ``target``; returns the Event's name."""
+        ...
+
     async def exec(
         self, *, namespace: str, pod: str, container: str | None, argv: list[str], timeout: float
-    ) -> ExecResult: ...
+    ) -> ExecResult:
+        """Run ``argv`` (never a shell) in the container; ``Unavailable`` on timeout."""
+        ...
+
+    async def find_driver_pod(
+        self,
+        node: str,
+        *,
+        namespace: str | None = None,
+        selector: str | None = None,
+    ) -> PodInfo | None:
+        """The running GPU driver pod on ``node`` (adapter defaults unless overridden)."""
+        ...
 
     async def close(self) -> None: ...
+
+
+# ---- label selectors (equality- and set-based), shared by the adapter and the fakes -------
+
+_REQ = re.compile(
+    r"^\s*(?P<neg>!)?\s*(?P<key>[A-Za-z0-9_./-]+)\s*"
+    r"(?:(?P<op>==|=|!=)\s*(?P<value>[A-Za-z0-9_.-]*)"
+    r"|\s+(?P<setop>in|notin)\s*\((?P<values>[^)]*)\))?\s*$"
+)
+
+
+def _split_requirements(selector: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for char in selector:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    if current.strip():
+        parts.append(current)
+    return parts
+
+
+def selector_matches(selector: str, labels: Mapping[str, str]) -> bool:
+    """Does ``labels`` satisfy the Kubernetes label ``selector``? Raises ValueError if bad."""
+    for raw in _split_requirements(selector):
+        match = _REQ.match(raw)
+        if match is None:
+            raise ValueError(f"invalid label selector requirement {raw.strip()!r}")
+        key = match["key"]
+        if match["neg"]:
+            if match["op"] or match["setop"]:
+                raise ValueError(f"invalid label selector requirement {raw.strip()!r}")
+            if key in labels:
+                return False
+        elif match["op"] in ("=", "=="):
+            if labels.get(key) != match["value"]:
+                return False
+        elif match["op"] == "!=":
+            if labels.get(key) == match["value"]:
+                return False
+        elif match["setop"]:
+            values = {v.strip() for v in match["values"].split(",") if v.strip()}
+            if (match["setop"] == "in") != (labels.get(key) in values):
+                return False
+        elif key not in labels:
+            return False
+    return True

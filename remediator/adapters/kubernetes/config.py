@@ -1,0 +1,93 @@
+"""Settings for the Kubernetes adapter and turning them into a kubernetes_asyncio Configuration."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any, Literal
+
+import pydantic
+from kubernetes_asyncio import client, config
+
+SERVICE_ACCOUNT = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class KubernetesConfig(pydantic.BaseModel):
+    """How to reach the API server, and the GPU conventions of the cluster."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    mode: Literal["auto", "incluster", "kubeconfig", "url"] = "auto"
+    kubeconfig: str | None = None
+    """Path to a kubeconfig file (default: $KUBECONFIG or ~/.kube/config)."""
+    context: str | None = None
+    url: str | None = None
+    token: pydantic.SecretStr | None = None
+    token_file: str | None = None
+    ca_file: str | None = None
+    insecure_skip_tls_verify: bool = False
+    request_timeout: float = pydantic.Field(30.0, gt=0)
+    retry_attempts: int = pydantic.Field(5, ge=1, le=20)
+    """Transport attempts per request (429, 5xx, connection errors)."""
+    retry_max_seconds: float = pydantic.Field(30.0, gt=0)
+    """Upper bound on the time spent retrying one request."""
+    gpu_node_selector: str = "nvidia.com/gpu.present=true"
+    driver_namespace: str = "gpu-operator"
+    driver_selector: str = "app.kubernetes.io/component=nvidia-driver"
+    driver_container: str = "nvidia-driver-ctr"
+    remediator_name: str = "remediator"
+    """``source.component`` / ``reportingComponent`` of the Events remediator writes."""
+    event_namespace: str = "default"
+    """Namespace for Events about nodes (kubectl looks for them in ``default``)."""
+
+    @pydantic.model_validator(mode="after")
+    def _mode_has_what_it_needs(self) -> KubernetesConfig:
+        if self.mode == "url" and not self.url:
+            raise ValueError("mode 'url' needs url")
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("give token or token_file, not both")
+        return self
+
+    def resolved_mode(self) -> Literal["incluster", "kubeconfig", "url"]:
+        if self.mode != "auto":
+            return self.mode
+        if self.url:
+            return "url"
+        if self.kubeconfig:
+            return "kubeconfig"
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and (SERVICE_ACCOUNT / "token").exists():
+            return "incluster"
+        return "kubeconfig"
+
+
+async def client_configuration(settings: KubernetesConfig) -> client.Configuration:
+    cfg = client.Configuration()
+    mode = settings.resolved_mode()
+    if mode == "incluster":
+        load_incluster: Any = config.load_incluster_config
+        load_incluster(client_configuration=cfg)
+    elif mode == "kubeconfig":
+        await config.load_kube_config(
+            config_file=settings.kubeconfig,
+            context=settings.context,
+            client_configuration=cfg,
+        )
+    else:
+        cfg.host = (settings.url or "").rstrip("/")
+    token = _token(settings)
+    if token:
+        cfg.api_key = {"BearerToken": token}
+        cfg.api_key_prefix = {"BearerToken": "Bearer"}
+    if settings.ca_file:
+        cfg.ssl_ca_cert = settings.ca_file
+    if settings.insecure_skip_tls_verify:
+        cfg.verify_ssl = False
+    return cfg
+
+
+def _token(settings: KubernetesConfig) -> str | None:
+    if settings.token is not None:
+        return settings.token.get_secret_value()
+    if settings.token_file:
+        return pathlib.Path(settings.token_file).read_text(encoding="utf-8").strip()
+    return None

@@ -1,0 +1,106 @@
+"""Kubernetes JSON (as kubernetes_asyncio serialises it) into the port's plain records."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from remediator.ports import cluster as port
+
+Obj = dict[str, Any]
+VOLUME_SOURCES = ("name",)
+
+
+def _meta(obj: Obj) -> Obj:
+    meta = obj.get("metadata") or {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _time(value: Any) -> dt.datetime | None:
+    if isinstance(value, dt.datetime):
+        return value
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def node(obj: Obj) -> port.NodeInfo:
+    meta = _meta(obj)
+    spec = obj.get("spec") or {}
+    return port.NodeInfo(
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid") or ""),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        taints=[taint(t) for t in spec.get("taints") or []],
+        unschedulable=bool(spec.get("unschedulable")),
+        resource_version=str(meta.get("resourceVersion") or ""),
+    )
+
+
+def taint(obj: Obj) -> port.Taint:
+    value = obj.get("value")
+    return port.Taint(
+        key=str(obj.get("key", "")),
+        effect=str(obj.get("effect", "")),
+        value=None if value in (None, "") else str(value),
+    )
+
+
+def pod(obj: Obj) -> port.PodInfo:
+    meta = _meta(obj)
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    owners = [
+        port.OwnerRef(
+            kind=str(o.get("kind", "")),
+            name=str(o.get("name", "")),
+            uid=str(o.get("uid") or ""),
+            controller=bool(o.get("controller")),
+        )
+        for o in meta.get("ownerReferences") or []
+    ]
+    volume_kinds = []
+    for volume in spec.get("volumes") or []:
+        kinds = [k for k, v in volume.items() if k not in VOLUME_SOURCES and v is not None]
+        volume_kinds.append(kinds[0] if kinds else "unknown")
+    grace = spec.get("terminationGracePeriodSeconds")
+    return port.PodInfo(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid") or ""),
+        node_name=spec.get("nodeName") or None,
+        phase=str(status.get("phase") or "Unknown"),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        owners=owners,
+        volume_kinds=volume_kinds,
+        containers=[str(c.get("name", "")) for c in spec.get("containers") or []],
+        termination_grace_period_seconds=int(grace) if grace is not None else None,
+        deletion_timestamp=_time(meta.get("deletionTimestamp")),
+        resource_version=str(meta.get("resourceVersion") or ""),
+    )
+
+
+def pdb(obj: Obj) -> port.PdbInfo:
+    meta = _meta(obj)
+    selector = (obj.get("spec") or {}).get("selector") or {}
+    status = obj.get("status") or {}
+
+    def number(key: str) -> int | None:
+        value = status.get(key)
+        return int(value) if value is not None else None
+
+    return port.PdbInfo(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        match_labels=dict(selector.get("matchLabels") or {}),
+        match_expressions=list(selector.get("matchExpressions") or []),
+        disruptions_allowed=number("disruptionsAllowed"),
+        current_healthy=number("currentHealthy"),
+        desired_healthy=number("desiredHealthy"),
+        expected_pods=number("expectedPods"),
+    )
