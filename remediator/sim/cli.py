@@ -22,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bearer token clients must present (default: random, printed)")
     parser.add_argument("--kubeconfig", default="sim.kubeconfig", metavar="PATH",
                         help="where to write a kubeconfig for the simulator")
+    parser.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True,
+                        help="serve HTTPS with the bundled self-signed certificate (kubectl "
+                        "sends bearer tokens only over TLS); --no-tls serves plain HTTP")
     parser.add_argument("--time-scale", type=float, default=None, metavar="FACTOR",
                         help="real seconds per simulated second (e.g. 0.1 runs 10x faster)")
     parser.add_argument("--default-grace", type=int, default=None, metavar="SECONDS",
@@ -46,7 +49,7 @@ async def _serve(args: argparse.Namespace, fleet: fleet_mod.Fleet, token: str) -
     host, _, port = args.listen.rpartition(":")
     sim = await testing.start_sim(fleet, token=token, time_scale=args.time_scale,
                                   host=host or "127.0.0.1", port=int(port),
-                                  kubeconfig_path=args.kubeconfig)
+                                  kubeconfig_path=args.kubeconfig, tls=args.tls)
     print(f"remediator sim: serving the Kubernetes API on {sim.url}", flush=True)
     print(f"remediator sim: token {token}", flush=True)
     print(f"remediator sim: kubeconfig written to {sim.kubeconfig_path} "

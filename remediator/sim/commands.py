@@ -33,6 +33,19 @@ class Context:
     bug_report_seconds: float = 0.0  # real seconds, already scaled
 
 
+def status_for(argv: list[str], rc: int) -> dict[str, Any]:
+    if rc == 0:
+        return {"metadata": {}, "status": "Success"}
+    return {
+        "metadata": {},
+        "status": "Failure",
+        "message": (f"command terminated with non-zero exit code: error executing command "
+                    f"[{' '.join(argv)}], exit code {rc}"),
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": str(rc)}]},
+    }
+
+
 def is_driver_pod(pod: dict[str, Any]) -> bool:
     meta = pod.get("metadata", {})
     labels = meta.get("labels") or {}

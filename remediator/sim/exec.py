@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -24,19 +24,6 @@ PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io", "v3.channel.k8s.io",
              "v2.channel.k8s.io", "channel.k8s.io")
 STATUS_PROTOCOLS = {"v5.channel.k8s.io", "v4.channel.k8s.io"}
 ERROR_CHANNEL = 3
-
-
-def status_for(argv: list[str], rc: int) -> dict[str, Any]:
-    if rc == 0:
-        return {"metadata": {}, "status": "Success"}
-    return {
-        "metadata": {},
-        "status": "Failure",
-        "message": (f"command terminated with non-zero exit code: error executing command "
-                    f"[{' '.join(argv)}], exit code {rc}"),
-        "reason": "NonZeroExitCode",
-        "details": {"causes": [{"reason": "ExitCode", "message": str(rc)}]},
-    }
 
 
 def prepare(cluster: cluster_mod.Cluster, request: web.Request, ns: str,
@@ -110,9 +97,9 @@ async def handle_websocket(request: web.Request, ctx: commands.Context,
         return ws
     rc = task.result()
     if protocol in STATUS_PROTOCOLS:
-        await emit(ERROR_CHANNEL, json.dumps(status_for(argv, rc)).encode())
+        await emit(ERROR_CHANNEL, json.dumps(commands.status_for(argv, rc)).encode())
     elif rc != 0:
-        await emit(ERROR_CHANNEL, status_for(argv, rc)["message"].encode())
+        await emit(ERROR_CHANNEL, commands.status_for(argv, rc)["message"].encode())
     await ws.close()
     reader.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -7,9 +7,12 @@ GPU hosts, pod files, settings) allows direct inspection and manipulation of sta
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
+import importlib.resources
 import pathlib
+import ssl
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -22,13 +25,31 @@ from remediator.sim import fleet as fleet_mod
 from remediator.sim import store as store_mod
 
 CONTEXT = "remediator-sim"
+# A self-signed certificate for 127.0.0.1, ::1 and localhost, shipped with its key: it
+# protects nothing and exists because kubectl only sends bearer tokens over TLS.
+TLS_DIR = importlib.resources.files("remediator.sim").joinpath("tls")
+
+
+def ca_cert_pem() -> bytes:
+    return TLS_DIR.joinpath("cert.pem").read_bytes()
+
+
+def server_ssl_context() -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    with importlib.resources.as_file(TLS_DIR.joinpath("cert.pem")) as cert, \
+            importlib.resources.as_file(TLS_DIR.joinpath("key.pem")) as key:
+        context.load_cert_chain(cert, key)
+    return context
 
 
 def kubeconfig(url: str, token: str, *, namespace: str = "default") -> dict[str, Any]:
+    cluster: dict[str, Any] = {"server": url}
+    if url.startswith("https:"):
+        cluster["certificate-authority-data"] = base64.b64encode(ca_cert_pem()).decode()
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": CONTEXT, "cluster": {"server": url}}],
+        "clusters": [{"name": CONTEXT, "cluster": cluster}],
         "users": [{"name": CONTEXT, "user": {"token": token}}],
         "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": CONTEXT,
                                                    "namespace": namespace}}],
@@ -53,6 +74,8 @@ class RunningSim:
     kubeconfig_path: pathlib.Path
     app: web.Application
     runner: web.AppRunner
+    ca_cert_path: pathlib.Path | None = None
+    """PEM file to trust when serving TLS (``None`` over plain HTTP)."""
 
     @property
     def cluster(self) -> cluster_mod.Cluster:
@@ -115,24 +138,32 @@ async def start_sim(
     host: str = "127.0.0.1",
     port: int = 0,
     kubeconfig_path: str | pathlib.Path | None = None,
+    tls: bool = False,
 ) -> RunningSim:
     """Start the simulator on ``host:port`` (0: ephemeral) and write a kubeconfig for it.
 
     ``time_scale`` defaults to 0.01 (a 30 s grace period lasts 0.3 s); ``None`` keeps the
-    fleet's own setting.
+    fleet's own setting. ``tls`` serves HTTPS with the bundled self-signed certificate (needed
+    by kubectl, which sends bearer tokens only over TLS).
     """
     app = server.create_app(fleet or fleet_mod.Fleet.default(), token=token,
                             time_scale=time_scale)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=server_ssl_context() if tls else None)
     await site.start()
     bound = runner.addresses[0][1]
-    url = f"http://{host}:{bound}"
+    url = f"{'https' if tls else 'http'}://{host}:{bound}"
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="remediator-sim-"))
     if kubeconfig_path is None:
-        kubeconfig_path = pathlib.Path(tempfile.mkdtemp(prefix="remediator-sim-")) / "kubeconfig"
+        kubeconfig_path = workdir / "kubeconfig"
     path = write_kubeconfig(kubeconfig_path, url, token)
-    return RunningSim(url=url, token=token, kubeconfig_path=path, app=app, runner=runner)
+    ca_path = None
+    if tls:
+        ca_path = workdir / "ca.crt"
+        ca_path.write_bytes(ca_cert_pem())
+    return RunningSim(url=url, token=token, kubeconfig_path=path, app=app, runner=runner,
+                      ca_cert_path=ca_path)
 
 
 @contextlib.asynccontextmanager
