@@ -79,7 +79,7 @@ class Components:
         self.settings = settings
         self.clock = clock
         self.metrics = metrics.Metrics()
-        self.db = database.Database(settings.database_url)
+        self.db = database.Database(settings.database_url, timeout=settings.database_timeout)
         self.db.latency_observer = self.metrics.observe_db
         self.store = store.SqlStore(self.db, clock=clock)
         self.queries = queries.Queries(self.db)

@@ -38,6 +38,11 @@ class Settings(pydantic_settings.BaseSettings):
         default="sqlite+aiosqlite:///remediator.db",
         description="SQLAlchemy URL: sqlite+aiosqlite:///file.db or postgresql+asyncpg://...",
     )
+    database_timeout: float = pydantic.Field(
+        default=30.0,
+        gt=0,
+        description="Seconds to wait for a database lock or connection before answering 503.",
+    )
     rules: pathlib.Path = pydantic.Field(
         default=pathlib.Path("rules"), description="Directory of playbook YAML files."
     )

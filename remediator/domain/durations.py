@@ -20,6 +20,8 @@ def parse_duration(value: object) -> object:
             return dt.timedelta(seconds=seconds)
         if re.fullmatch(r"\d+(\.\d+)?", text):
             return dt.timedelta(seconds=float(text))
+        if text.startswith(("P", "-P")):
+            return text  # ISO 8601, as pydantic serialises durations
         raise ValueError(f"invalid duration {value!r}; use e.g. 30s, 10m, 1h30m")
     return value
 

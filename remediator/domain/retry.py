@@ -11,14 +11,16 @@ import datetime as dt
 
 import pydantic
 
+from remediator.domain import durations
+
 
 class RetryPolicy(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
     max_attempts: int = pydantic.Field(default=3, ge=1, le=100)
-    backoff: dt.timedelta = dt.timedelta(seconds=5)
+    backoff: durations.Duration = dt.timedelta(seconds=5)
     factor: float = pydantic.Field(default=2.0, ge=1.0, le=10.0)
-    max_backoff: dt.timedelta = dt.timedelta(minutes=5)
+    max_backoff: durations.Duration = dt.timedelta(minutes=5)
 
     def next_attempt_at(
         self, *, attempt: int, now: dt.datetime, retry_after: float | None = None

@@ -21,7 +21,7 @@ from typing import Any
 
 import pydantic
 
-from remediator.domain import errors, records, retry, runs
+from remediator.domain import alerts, errors, records, retry, runs
 from remediator.engine import lifecycle
 from remediator.ports import actions, cluster, notify, observe, store
 
@@ -98,7 +98,7 @@ class StepRunner:
 
     async def _context(
         self, step: records.Step, progress: dict[str, Any]
-    ) -> tuple[records.Run, actions.ActionContext]:
+    ) -> tuple[records.Run, actions.ActionContext, bool]:
         async with self.services.store.transaction("load") as tx:
             run = await tx.get_run(step.run_id)
             assert run is not None
@@ -130,10 +130,17 @@ class StepRunner:
             progress=report,
             applied_output=applied,
         )
-        return run, ctx
+        resolved = (
+            run.kind is runs.RunKind.ALERT
+            and episode is not None
+            and episode.status is alerts.AlertStatus.RESOLVED
+        )
+        return run, ctx, resolved
 
     async def _execute(self, step: records.Step, progress: dict[str, Any]) -> _Result:
-        run, ctx = await self._context(step, progress)
+        run, ctx, resolved = await self._context(step, progress)
+        if resolved and step.phase is runs.StepPhase.DO and run.on_resolve != "continue":
+            return _Result(runs.StepStatus.CANCELLED, {}, "alert resolved before the step started")
         try:
             action = self.services.registry.get(step.action)
         except KeyError:

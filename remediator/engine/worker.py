@@ -151,6 +151,22 @@ class Engine:
             self._in_flight.pop(step.id, None)
             self.wake()
 
+    async def wait_in_flight(self) -> None:
+        """Wait for the steps this worker is running (tests and shutdown use it)."""
+        while self._in_flight:
+            await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+
+    async def settle(self, max_passes: int = 200) -> None:
+        """Run passes until nothing is left to do now (for tests and the demo)."""
+        for _ in range(max_passes):
+            busy = await self.tick()
+            if self._in_flight:
+                await self.wait_in_flight()
+                continue
+            if not busy:
+                return
+        raise RuntimeError(f"engine still busy after {max_passes} passes")
+
     async def sweep(self) -> bool:
         """Hand back steps whose worker stopped renewing its lease (crashed or partitioned)."""
         async with self.services.store.transaction("sweep") as tx:

@@ -34,14 +34,22 @@ def normalise_url(url: str) -> str:
 
 
 class Database:
-    def __init__(self, url: str, *, echo: bool = False, pool_size: int = 10) -> None:
+    def __init__(
+        self, url: str, *, echo: bool = False, pool_size: int = 10, timeout: float = 30.0
+    ) -> None:
         self.url = normalise_url(url)
         self.dialect = sa.engine.make_url(self.url).get_backend_name()
         kwargs: dict[str, Any] = {"echo": echo}
         if self.dialect == "postgresql":
-            kwargs |= {"pool_size": pool_size, "max_overflow": pool_size, "pool_pre_ping": True}
+            kwargs |= {
+                "pool_size": pool_size,
+                "max_overflow": pool_size,
+                "pool_pre_ping": True,
+                "connect_args": {"timeout": timeout, "command_timeout": timeout},
+            }
         else:
-            kwargs |= {"connect_args": {"timeout": 30}}
+            kwargs |= {"connect_args": {"timeout": timeout}}
+        self.timeout = timeout
         self.engine = sa_async.create_async_engine(self.url, **kwargs)
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
         if self.is_sqlite:
@@ -67,7 +75,7 @@ class Database:
                 "journal_mode=WAL",
                 "synchronous=FULL",
                 "foreign_keys=ON",
-                "busy_timeout=30000",
+                f"busy_timeout={int(self.timeout * 1000)}",
             ):
                 cursor.execute(f"PRAGMA {pragma}")
             cursor.close()
@@ -108,12 +116,10 @@ class Database:
     async def _translated(self) -> AsyncIterator[None]:
         try:
             yield
-        except (exc.OperationalError, exc.InterfaceError, OSError) as e:
+        except (exc.IntegrityError, exc.ProgrammingError, exc.DataError, exc.NotSupportedError):
+            raise  # our bug or a constraint doing its job: never "try again later"
+        except (exc.DBAPIError, OSError, TimeoutError) as e:
             raise errors.StoreUnavailable(f"database unavailable: {_short(e)}") from e
-        except exc.DBAPIError as e:
-            if e.connection_invalidated:
-                raise errors.StoreUnavailable(f"database connection lost: {_short(e)}") from e
-            raise
 
     async def ping(self) -> None:
         """Raise ``StoreUnavailable`` unless the database takes a write."""

@@ -419,6 +419,13 @@ class SqlTx:
         The attempt counter and the lease are the persisted intent: if this worker dies, the
         lease expires and the next attempt knows one was made.
         """
+        # A resolved alert never starts a step of its run (unless the playbook says continue),
+        # even in the moment between storing the resolution and handling it.
+        resolved = sa.exists(
+            sa.select(E.c.id).where(
+                E.c.id == R.c.episode_id, E.c.status == alerts.AlertStatus.RESOLVED.value
+            )
+        )
         due = self._lock_rows(
             sa.select(S.c.id)
             .join(R, R.c.id == S.c.run_id)
@@ -427,6 +434,11 @@ class SqlTx:
                 S.c.due_at.is_not(None),
                 S.c.due_at <= self.now,
                 R.c.status == runs.RunStatus.RUNNING.value,
+                ~sa.and_(
+                    R.c.kind == runs.RunKind.ALERT.value,
+                    R.c.on_resolve != "continue",
+                    resolved,
+                ),
             )
             .order_by(S.c.due_at, S.c.id)
             .limit(limit)

@@ -10,7 +10,7 @@ from aiohttp import web
 from remediator.domain import auth
 
 TOKENS = web.AppKey("tokens", auth.TokenBook)
-PRINCIPAL_KEY = "principal"
+PRINCIPAL = web.RequestKey("principal", auth.Principal)
 
 
 def _credentials(request: web.Request) -> tuple[str | None, str] | None:
@@ -49,7 +49,7 @@ def require(request: web.Request, permission: auth.Permission) -> auth.Principal
         )
     if not principal.can(permission):
         raise web.HTTPForbidden(text=f"{principal.name} may not {permission.value}")
-    request[PRINCIPAL_KEY] = principal
+    request[PRINCIPAL] = principal
     return principal
 
 

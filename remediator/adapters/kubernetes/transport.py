@@ -138,6 +138,7 @@ class Retrier:
             before_sleep=log,
             reraise=True,
         )
+
         async def attempt() -> T:
             return await fn()
 
