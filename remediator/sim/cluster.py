@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 from typing import Any
 
 from remediator.sim import fleet as fleet_mod
@@ -11,6 +12,19 @@ from remediator.sim import nvidia, objects, store
 
 Obj = dict[str, Any]
 GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+@dataclasses.dataclass
+class ExecRecord:
+    """One exec session, for tests to inspect what clients ran where."""
+
+    namespace: str
+    pod: str
+    node: str
+    container: str
+    argv: list[str]
+    transport: str  # "websocket:<subprotocol>" or "spdy:<protocol>"
+    exit_code: int | None = None  # None while running or when the client went away
 
 
 class Cluster:
@@ -23,6 +37,7 @@ class Cluster:
         self.hosts: dict[str, nvidia.Host] = {}
         self.files: dict[str, dict[str, bytes]] = {}  # pod uid -> path -> bytes
         self.wake = asyncio.Event()
+        self.exec_log: list[ExecRecord] = []
         self.store.hooks.append(self._on_change)
         seed(self, fleet)
 

@@ -10,15 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import TYPE_CHECKING
-
 import aiohttp
 from aiohttp import web
 
-from remediator.sim import commands, errors, faults
-
-if TYPE_CHECKING:
-    from remediator.sim import cluster as cluster_mod
+from remediator.sim import cluster as cluster_mod
+from remediator.sim import commands, errors, faults, spdy
 
 PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io", "v3.channel.k8s.io",
              "v2.channel.k8s.io", "channel.k8s.io")
@@ -61,21 +57,25 @@ def prepare(cluster: cluster_mod.Cluster, request: web.Request, ns: str,
 async def handle(request: web.Request, cluster: cluster_mod.Cluster, ns: str,
                  name: str) -> web.StreamResponse:
     ctx, argv = prepare(cluster, request, ns, name)
+    record = cluster_mod.ExecRecord(namespace=ns, pod=name, node=ctx.pod["spec"]["nodeName"],
+                                    container=ctx.container, argv=argv, transport="")
     upgrade = request.headers.get("Upgrade", "").lower()
     if upgrade == "websocket":
-        return await handle_websocket(request, ctx, argv)
+        cluster.exec_log.append(record)
+        return await handle_websocket(request, ctx, record)
     if upgrade.startswith("spdy/3"):
-        from remediator.sim import spdy
-
-        return await spdy.handle(request, ctx, argv)
+        cluster.exec_log.append(record)
+        return await spdy.handle(request, ctx, record)
     raise errors.ApiError(400, "Upgrade request required", reason="BadRequest")
 
 
 async def handle_websocket(request: web.Request, ctx: commands.Context,
-                           argv: list[str]) -> web.StreamResponse:
+                           record: cluster_mod.ExecRecord) -> web.StreamResponse:
+    argv = record.argv
     ws = web.WebSocketResponse(protocols=PROTOCOLS, autoping=True)
     await ws.prepare(request)
     protocol = ws.ws_protocol or "v4.channel.k8s.io"
+    record.transport = f"websocket:{protocol}"
     if faults.should_drop_websocket(request):
         await ws.close(code=aiohttp.WSCloseCode.INTERNAL_ERROR, message=b"dropped")
         return ws
@@ -95,7 +95,7 @@ async def handle_websocket(request: web.Request, ctx: commands.Context,
         with contextlib.suppress(asyncio.CancelledError):
             await task
         return ws
-    rc = task.result()
+    rc = record.exit_code = task.result()
     if protocol in STATUS_PROTOCOLS:
         await emit(ERROR_CHANNEL, json.dumps(commands.status_for(argv, rc)).encode())
     elif rc != 0:

@@ -20,6 +20,7 @@ import struct
 import zlib
 from aiohttp import web
 
+from remediator.sim import cluster as cluster_mod
 from remediator.sim import commands
 
 SYN_STREAM, SYN_REPLY, RST_STREAM, SETTINGS, PING, GOAWAY = 1, 2, 3, 4, 6, 7
@@ -155,10 +156,11 @@ def _wanted_streams(request: web.Request) -> set[str]:
 
 
 async def handle(request: web.Request, ctx: commands.Context,
-                 argv: list[str]) -> web.StreamResponse:
+                 record: cluster_mod.ExecRecord) -> web.StreamResponse:
     offered = [p.strip() for value in request.headers.getall("X-Stream-Protocol-Version", [])
                for p in value.split(",")]
     protocol = next((p for p in PROTOCOLS if p in offered), "channel.k8s.io")
+    record.transport = f"spdy:{protocol}"
     session = Session(request.transport)
     request.protocol.set_parser(session)  # type: ignore[arg-type]
     request.protocol.keep_alive(False)
@@ -173,13 +175,16 @@ async def handle(request: web.Request, ctx: commands.Context,
     except TimeoutError:
         ready = False
     if ready:
-        await _run(session, ctx, argv, protocol)
+        await _run(session, ctx, record, protocol)
     if request.transport is not None:
         request.transport.close()
     return response
 
 
-async def _run(session: Session, ctx: commands.Context, argv: list[str], protocol: str) -> None:
+async def _run(session: Session, ctx: commands.Context, record: cluster_mod.ExecRecord,
+               protocol: str) -> None:
+    argv = record.argv
+
     async def emit(channel: int, data: bytes) -> None:
         session.send_data("stdout" if channel == commands.STDOUT else "stderr", data)
 
@@ -192,7 +197,7 @@ async def _run(session: Session, ctx: commands.Context, argv: list[str], protoco
             await task
         return
     closed.cancel()
-    rc = task.result()
+    rc = record.exit_code = task.result()
     session.send_data("stdout", b"", fin=True)
     session.send_data("stderr", b"", fin=True)
     status = commands.status_for(argv, rc)
