@@ -1,0 +1,289 @@
+"""``node.drain`` with ``kubectl drain`` semantics.
+
+Cordon first; list the node's pods (paged); decide per pod exactly as kubectl's filters do, in
+their order (terminating-for-long skipped, DaemonSet pods an error unless ignored and then never
+evicted, mirror pods skipped, emptyDir an error unless allowed, unmanaged pods an error unless
+forced; finished pods always fine). Any error: nothing is evicted and the node stays cordoned.
+Then evict in parallel (bounded), retry pods a PodDisruptionBudget blocks (429) every interval,
+and wait until each pod is gone (404 or a new uid), reporting progress; one global timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+from typing import Any, ClassVar
+
+import pydantic
+
+from remediator.actions import clusterops, validation
+from remediator.domain import errors
+from remediator.ports import actions
+from remediator.ports import cluster as port
+
+MIRROR = "kubernetes.io/config.mirror"
+FINISHED = ("Succeeded", "Failed")
+
+
+class DrainParams(validation.Model):
+    node: validation.NodeName | None = None
+    ignore_daemonsets: bool = True
+    delete_emptydir_data: bool = False
+    force: bool = False
+    """Also evict pods that no controller manages (they will not come back)."""
+    grace_period_seconds: int | None = pydantic.Field(None, ge=0, le=86400)
+    """Default: each pod's own terminationGracePeriodSeconds."""
+    pod_selector: validation.LabelSelector | None = None
+    timeout_seconds: float = pydantic.Field(300.0, gt=0, le=86400)
+    eviction_retry_interval_seconds: float = pydantic.Field(5.0, gt=0, le=600)
+    poll_interval_seconds: float = pydantic.Field(1.0, gt=0, le=60)
+    max_concurrency: int = pydantic.Field(10, ge=1, le=100)
+    skip_wait_for_delete_timeout_seconds: int = pydantic.Field(0, ge=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    pod: port.PodInfo
+    evict: bool
+    why: str = ""
+    error: bool = False
+
+
+@dataclasses.dataclass
+class Plan:
+    evict: list[port.PodInfo]
+    skipped: dict[str, str]
+    errors: dict[str, str]
+    warnings: dict[str, str]
+
+
+def decide(pod: port.PodInfo, params: DrainParams, *, now: dt.datetime) -> Decision:
+    """kubectl's filter chain for one pod (``pkg/drain/filters.go``)."""
+    finished = pod.phase in FINISHED
+    timeout = params.skip_wait_for_delete_timeout_seconds
+    deleted = pod.deletion_timestamp
+    if timeout > 0 and deleted is not None and (now - deleted).total_seconds() > timeout:
+        return Decision(pod, False, f"terminating for more than {timeout}s")
+    controller = pod.controller
+    if controller is not None and controller.kind == "DaemonSet" and not finished:
+        if not params.ignore_daemonsets:
+            return Decision(pod, False, "DaemonSet-managed (set ignore_daemonsets)", error=True)
+        return Decision(pod, False, "DaemonSet-managed: ignored")
+    if MIRROR in pod.annotations:
+        return Decision(pod, False, "mirror pod: ignored")
+    warning = ""
+    if "emptyDir" in pod.volume_kinds and not finished:
+        if not params.delete_emptydir_data:
+            return Decision(
+                pod, False, "has local storage (emptyDir; set delete_emptydir_data)", error=True
+            )
+        warning = "deleting emptyDir data"
+    if controller is None and not finished:
+        if not params.force:
+            return Decision(pod, False, "declares no controller (set force)", error=True)
+        warning = "unmanaged pod: will not come back"
+    return Decision(pod, True, warning)
+
+
+def plan_drain(pods: list[port.PodInfo], params: DrainParams, *, now: dt.datetime) -> Plan:
+    plan = Plan(evict=[], skipped={}, errors={}, warnings={})
+    for pod in pods:
+        decision = decide(pod, params, now=now)
+        if decision.error:
+            plan.errors[pod.key] = decision.why
+        elif not decision.evict:
+            plan.skipped[pod.key] = decision.why
+        else:
+            plan.evict.append(pod)
+            if decision.why:
+                plan.warnings[pod.key] = decision.why
+    return plan
+
+
+def pdb_selects(pdb: port.PdbInfo, labels: dict[str, str]) -> bool:
+    if not pdb.match_labels and not pdb.match_expressions:
+        return False
+    if any(labels.get(k) != v for k, v in pdb.match_labels.items()):
+        return False
+    for expr in pdb.match_expressions:
+        key, op, values = expr.get("key", ""), expr.get("operator", ""), expr.get("values") or []
+        present = key in labels
+        if (
+            (op == "In" and labels.get(key) not in values)
+            or (op == "NotIn" and present and labels.get(key) in values)
+            or (op == "Exists" and not present)
+            or (op == "DoesNotExist" and present)
+        ):
+            return False
+    return True
+
+
+class _Eviction:
+    """The state of one drain while it runs; ``report()`` is both progress and output."""
+
+    def __init__(self, ctx: actions.ActionContext, node: str, params: DrainParams) -> None:
+        self.ctx = ctx
+        self.cluster = ctx.require_cluster()
+        self.node = node
+        self.params = params
+        self.pods: dict[str, port.PodInfo] = {}
+        self.evicted: set[str] = set()
+        self.gone: set[str] = set()
+        self.blocked: dict[str, dict[str, Any]] = {}
+        self.errors: dict[str, str] = {}
+        self.transient = True
+        self._limit = asyncio.Semaphore(params.max_concurrency)
+
+    def report(self) -> dict[str, Any]:
+        remaining = sorted(k for k in self.pods if k not in self.gone and k not in self.errors)
+        return {
+            "node": self.node,
+            "total": len(self.pods),
+            "evicted": sorted(self.evicted),
+            "gone": sorted(self.gone),
+            "blocked": {k: self.blocked[k] for k in sorted(self.blocked) if k not in self.gone},
+            "remaining": remaining,
+            "errors": dict(sorted(self.errors.items())),
+        }
+
+    async def _progress(self) -> None:
+        await self.ctx.progress({"phase": "evicting", **self.report()})
+
+    async def run(self, pods: list[port.PodInfo]) -> None:
+        self.pods = {p.key: p for p in pods}
+        await self._progress()
+        await asyncio.gather(*(self._one(p) for p in pods))
+
+    async def _one(self, pod: port.PodInfo) -> None:
+        try:
+            if await self._evict(pod):
+                await self._wait_gone(pod)
+        except port.ClusterError as e:
+            self.errors[pod.key] = str(e)
+            self.transient = self.transient and e.temporary
+        await self._progress()
+
+    async def _evict(self, pod: port.PodInfo) -> bool:
+        """True once the eviction is accepted; False when there is nothing left to wait for."""
+        while True:
+            async with self._limit:
+                result = await self.cluster.evict_pod(
+                    pod.namespace, pod.name, grace_period_seconds=self.params.grace_period_seconds
+                )
+            if result.outcome is port.EvictionOutcome.EVICTED:
+                self.evicted.add(pod.key)
+                self.blocked.pop(pod.key, None)
+                await self._progress()
+                return True
+            if result.outcome is port.EvictionOutcome.GONE:
+                self.gone.add(pod.key)
+                return False
+            if result.outcome is port.EvictionOutcome.ERROR:
+                self.errors[pod.key] = result.message
+                self.transient = False
+                return False
+            pdb = result.pdb or await self._pdb_for(pod)
+            self.blocked[pod.key] = {"pdb": pdb, "message": result.message}
+            await self._progress()
+            await asyncio.sleep(self.params.eviction_retry_interval_seconds)
+
+    async def _wait_gone(self, pod: port.PodInfo) -> None:
+        while True:
+            try:
+                current = await self.cluster.get_pod(pod.namespace, pod.name)
+            except port.NotFound:
+                break
+            if current.uid != pod.uid:
+                break
+            await asyncio.sleep(self.params.poll_interval_seconds)
+        self.gone.add(pod.key)
+
+    async def _pdb_for(self, pod: port.PodInfo) -> str | None:
+        try:
+            pdbs = await self.cluster.list_pdbs(pod.namespace)
+        except port.ClusterError:
+            return None
+        names = [p.name for p in pdbs if pdb_selects(p, pod.labels)]
+        return ", ".join(names) or None
+
+
+def _describe_remaining(report: dict[str, Any]) -> str:
+    parts = []
+    for key in report["remaining"]:
+        blocked = report["blocked"].get(key)
+        if blocked:
+            pdb = blocked.get("pdb") or "unknown budget"
+            parts.append(f"{key} (blocked by PodDisruptionBudget {pdb})")
+        elif key in report["evicted"]:
+            parts.append(f"{key} (evicted, still terminating)")
+        else:
+            parts.append(f"{key} (not evicted yet)")
+    return "; ".join(parts)
+
+
+class DrainAction(actions.Action[DrainParams]):
+    name: ClassVar[str] = "node.drain"
+    description: ClassVar[str] = "Cordon the node and evict its pods like kubectl drain."
+    params_model = DrainParams
+    disruptive: ClassVar[bool] = True
+
+    async def _plan(self, ctx: actions.ActionContext, node: str, params: DrainParams) -> Plan:
+        with clusterops.cluster_errors(f"listing pods on {node}"):
+            pods = await ctx.require_cluster().list_pods(
+                field_selector=f"spec.nodeName={node}", label_selector=params.pod_selector or ""
+            )
+        return plan_drain(pods, params, now=ctx.now())
+
+    async def check(self, ctx: actions.ActionContext, params: DrainParams) -> actions.Check:
+        cluster = ctx.require_cluster()
+        node = await clusterops.gpu_node(cluster, clusterops.target_node(ctx, params.node))
+        if not node.unschedulable:
+            return actions.Check(in_place=False)
+        plan = await self._plan(ctx, node.name, params)
+        done = not plan.evict and not plan.errors
+        return actions.Check(in_place=done, output={"node": node.name, "skipped": plan.skipped})
+
+    async def apply(self, ctx: actions.ActionContext, params: DrainParams) -> dict[str, Any]:
+        cluster = ctx.require_cluster()
+        node = await clusterops.gpu_node(cluster, clusterops.target_node(ctx, params.node))
+        cordon = await clusterops.cordon(ctx, cluster, node)
+        plan = await self._plan(ctx, node.name, params)
+        base = {"node": node.name, "cordon": cordon, "skipped": plan.skipped}
+        if plan.errors:
+            listed = "; ".join(f"{k}: {why}" for k, why in sorted(plan.errors.items()))
+            raise errors.ActionFailed(
+                f"cannot drain {node.name}, nothing evicted, node left cordoned: {listed}",
+                output={**base, "errors": plan.errors},
+            )
+        eviction = _Eviction(ctx, node.name, params)
+        try:
+            async with asyncio.timeout(params.timeout_seconds):
+                await eviction.run(plan.evict)
+        except TimeoutError:
+            report = eviction.report()
+            raise errors.ActionFailed(
+                f"drain of {node.name} timed out after {params.timeout_seconds:g}s, node left "
+                f"cordoned; {len(report['remaining'])} pods remain: {_describe_remaining(report)}",
+                temporary=True,
+                output={**base, **report, "timed_out": True},
+            ) from None
+        report = eviction.report()
+        if report["errors"]:
+            listed = "; ".join(f"{k}: {why}" for k, why in report["errors"].items())
+            raise errors.ActionFailed(
+                f"drain of {node.name} failed, node left cordoned: {listed}",
+                temporary=eviction.transient,
+                output={**base, **report},
+            )
+        event = await clusterops.emit_node_event(
+            ctx,
+            cluster,
+            node,
+            reason="RemediatorDrain",
+            what=f"drained the node ({len(report['gone'])} pods evicted)",
+        )
+        return {**base, **report, "warnings": plan.warnings, "event": event}
+
+    def describe(self, params: DrainParams) -> str:
+        return f"drain node {params.node or '(alert node)'} (timeout {params.timeout_seconds:g}s)"

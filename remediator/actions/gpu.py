@@ -1,0 +1,393 @@
+"""``gpu.power_cap`` and the driver-pod plumbing the GPU actions share.
+
+``nvidia-smi`` runs by exec (argv, never a shell) in the GPU Operator's driver pod on the node.
+Targets are addressed by UUID (indexes can change across reboots). The cap is computed from the
+GPU's *default* limit, so a re-fired alert does not stack caps, and must lie within the GPU's
+own [min, max] range: out-of-range values are refused, or clamped when asked (by default for
+``percent_of_default``: never below the minimum). Undo puts back each GPU's previous limit
+unless someone has changed it since.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
+
+import pydantic
+
+from remediator.actions import clusterops, validation
+from remediator.domain import errors
+from remediator.ports import actions
+from remediator.ports import cluster as port
+
+QUERY = (
+    "index,uuid,pci.bus_id,power.limit,power.default_limit,power.min_limit,"
+    "power.max_limit,enforced.power.limit"
+)
+TOLERANCE_W = 0.5
+EXIT_CODES = {
+    2: "invalid argument",
+    3: "not supported",
+    4: "no permission",
+    6: "GPU not found",
+    9: "driver not loaded",
+    15: "GPU has fallen off the bus",
+    127: "executable not found",
+    255: "unknown error",
+}
+
+
+class DriverParams(validation.Model):
+    node: validation.NodeName | None = None
+    driver_namespace: validation.Namespace | None = None
+    driver_selector: validation.LabelSelector | None = None
+    driver_container: validation.ContainerName | None = None
+    exec_timeout_seconds: float = pydantic.Field(30.0, gt=0, le=600)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Driver:
+    node: str
+    namespace: str
+    pod: str
+    container: str
+
+
+async def find_driver(
+    ctx: actions.ActionContext, params: DriverParams
+) -> tuple[port.NodeInfo, Driver]:
+    cluster = ctx.require_cluster()
+    node = await clusterops.gpu_node(cluster, clusterops.target_node(ctx, params.node))
+    namespace = params.driver_namespace or cluster.driver_namespace
+    with clusterops.cluster_errors(f"finding the GPU driver pod on {node.name}"):
+        pod = await cluster.find_driver_pod(
+            node.name, namespace=namespace, selector=params.driver_selector
+        )
+    if pod is None:
+        raise errors.ActionFailed(
+            f"no running GPU driver pod on {node.name} in namespace {namespace} "
+            f"(selector {params.driver_selector or cluster.driver_selector!r})",
+            temporary=True,
+        )
+    container = params.driver_container or cluster.driver_container
+    return node, Driver(node=node.name, namespace=pod.namespace, pod=pod.name, container=container)
+
+
+async def run(
+    ctx: actions.ActionContext, driver: Driver, argv: list[str], *, timeout: float
+) -> port.ExecResult:
+    """Exec ``argv`` in the driver container; exit codes are the caller's to judge."""
+    with clusterops.cluster_errors(f"running {argv[0]} on {driver.node}"):
+        return await ctx.require_cluster().exec(
+            namespace=driver.namespace,
+            pod=driver.pod,
+            container=driver.container,
+            argv=argv,
+            timeout=timeout,
+        )
+
+
+def failure(driver: Driver, argv: list[str], result: port.ExecResult) -> errors.ActionFailed:
+    code = result.exit_code
+    meaning = EXIT_CODES.get(code, "failed") if code is not None else "did not run"
+    text = (result.stderr or result.stdout).decode("utf-8", "replace").strip()[-500:]
+    if code is None:
+        text = str(result.status.get("message") or text)
+    return errors.ActionFailed(
+        f"{argv[0]} on {driver.node}: {meaning} (exit {code}): {text}",
+        output={"node": driver.node, "exit_code": code, "argv": argv},
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GpuLimits:
+    index: int
+    uuid: str
+    pci_bus_id: str
+    limit: float
+    default: float
+    min: float
+    max: float
+    enforced: float | None
+
+
+def _watts(raw: str) -> float | None:
+    raw = raw.strip().removesuffix("W").strip()
+    try:
+        return float(raw)
+    except ValueError:
+        return None  # "[N/A]", "[Not Supported]"
+
+
+def parse_query(text: str) -> list[GpuLimits]:
+    """``QUERY`` output (csv,noheader,nounits), by position."""
+    gpus = []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 8 or not fields[0].isdigit():
+            continue
+        limit, default, low, high = (_watts(f) for f in fields[3:7])
+        if limit is None or default is None or low is None or high is None:
+            raise ValueError(f"GPU {fields[1]} does not report power limits: {line!r}")
+        gpus.append(
+            GpuLimits(
+                index=int(fields[0]),
+                uuid=fields[1],
+                pci_bus_id=fields[2],
+                limit=limit,
+                default=default,
+                min=low,
+                max=high,
+                enforced=_watts(fields[7]),
+            )
+        )
+    return gpus
+
+
+def matches(gpu: GpuLimits, ident: str) -> bool:
+    ident = ident.lower()
+    bus = gpu.pci_bus_id.lower()
+    return ident in (str(gpu.index), gpu.uuid.lower(), bus, bus[4:])
+
+
+def select(gpus: list[GpuLimits], idents: list[str] | None) -> list[GpuLimits]:
+    if idents is None:
+        return list(gpus)
+    chosen = []
+    for ident in idents:
+        found = next((g for g in gpus if matches(g, ident)), None)
+        if found is None:
+            raise errors.ActionFailed(f"GPU {ident} not found on the node")
+        if found not in chosen:
+            chosen.append(found)
+    return chosen
+
+
+def compute_target(
+    gpu: GpuLimits, *, watts: float | None, percent: float | None, clamp: bool
+) -> tuple[float, bool]:
+    """The limit to set on ``gpu`` and whether it was clamped; ValueError when out of range."""
+    if watts is not None:
+        target = float(watts)
+    elif percent is not None:
+        target = round(gpu.default * percent / 100.0, 2)
+    else:
+        raise ValueError("give watts or percent_of_default")
+    if gpu.min - TOLERANCE_W <= target <= gpu.max + TOLERANCE_W:
+        return min(max(target, gpu.min), gpu.max), False
+    if clamp:
+        return min(max(target, gpu.min), gpu.max), True
+    raise ValueError(
+        f"{target:g} W is outside the power limit range {gpu.min:g}-{gpu.max:g} W of GPU "
+        f"{gpu.uuid} ({gpu.pci_bus_id})"
+    )
+
+
+def watts_arg(value: float) -> str:
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
+
+
+async def query(ctx: actions.ActionContext, driver: Driver, timeout: float) -> list[GpuLimits]:
+    argv = ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"]
+    result = await run(ctx, driver, argv, timeout=timeout)
+    if result.exit_code != 0:
+        raise failure(driver, argv, result)
+    try:
+        return parse_query(result.stdout.decode("utf-8", "replace"))
+    except ValueError as e:
+        raise errors.ActionFailed(f"nvidia-smi on {driver.node}: {e}") from e
+
+
+async def set_limit(
+    ctx: actions.ActionContext, driver: Driver, uuid: str, watts: float, timeout: float
+) -> None:
+    argv = ["nvidia-smi", "-i", uuid, "-pl", watts_arg(watts)]
+    result = await run(ctx, driver, argv, timeout=timeout)
+    if result.exit_code != 0:
+        raise failure(driver, argv, result)
+
+
+GpuSelection = list[validation.GpuId] | Literal["all"] | None
+
+
+class PowerCapParams(DriverParams):
+    gpus: GpuSelection = None
+    """UUIDs, PCI bus ids or indexes; "all"; default: the run's GPU, else all of the node."""
+    watts: float | None = pydantic.Field(None, gt=0, le=5000)
+    percent_of_default: float | None = pydantic.Field(None, gt=0, le=100)
+    clamp: bool | None = None
+    """Clamp into [min, max] instead of refusing; default: yes for percent_of_default."""
+
+    @pydantic.model_validator(mode="after")
+    def _one_target(self) -> PowerCapParams:
+        if (self.watts is None) == (self.percent_of_default is None):
+            raise ValueError("give exactly one of watts and percent_of_default")
+        return self
+
+    @property
+    def clamping(self) -> bool:
+        return self.clamp if self.clamp is not None else self.percent_of_default is not None
+
+
+def wanted_gpus(ctx: actions.ActionContext, params: PowerCapParams) -> list[str] | None:
+    if params.gpus == "all":
+        return None
+    if params.gpus:
+        return list(params.gpus)
+    if ctx.gpu:
+        try:
+            return [validation.gpu_id(ctx.gpu)]
+        except ValueError as e:
+            raise errors.ActionFailed(f"refused: the run's GPU {e}") from e
+    return None
+
+
+def plan_caps(gpus: list[GpuLimits], params: PowerCapParams) -> list[tuple[GpuLimits, float, bool]]:
+    plan = []
+    for gpu in gpus:
+        try:
+            target, clamped = compute_target(
+                gpu, watts=params.watts, percent=params.percent_of_default, clamp=params.clamping
+            )
+        except ValueError as e:
+            raise errors.ActionFailed(f"refused: {e}") from e
+        plan.append((gpu, target, clamped))
+    return plan
+
+
+def _gpu_record(gpu: GpuLimits, **extra: Any) -> dict[str, Any]:
+    return {
+        "uuid": gpu.uuid,
+        "index": gpu.index,
+        "pci_bus_id": gpu.pci_bus_id,
+        "default_limit": gpu.default,
+        "min_limit": gpu.min,
+        "max_limit": gpu.max,
+        **extra,
+    }
+
+
+def undo_plan(
+    current: list[GpuLimits], applied: list[Mapping[str, Any]]
+) -> tuple[list[tuple[str, float]], dict[str, str]]:
+    """(uuid, watts) to restore, and GPUs left alone because someone changed them since."""
+    by_uuid = {g.uuid: g for g in current}
+    restore: list[tuple[str, float]] = []
+    left_alone: dict[str, str] = {}
+    for record in applied:
+        gpu = by_uuid.get(str(record.get("uuid")))
+        if gpu is None:
+            left_alone[str(record.get("uuid"))] = "GPU no longer reported by nvidia-smi"
+            continue
+        previous = record.get("previous_limit")
+        target = float(previous if previous is not None else gpu.default)
+        ours = float(record.get("set_limit", gpu.limit))
+        if abs(gpu.limit - target) <= TOLERANCE_W:
+            continue
+        if abs(gpu.limit - ours) > TOLERANCE_W:
+            left_alone[gpu.uuid] = f"limit changed by someone else to {gpu.limit:g} W"
+            continue
+        restore.append((gpu.uuid, target))
+    return restore, left_alone
+
+
+class PowerCapAction(actions.Action[PowerCapParams]):
+    name: ClassVar[str] = "gpu.power_cap"
+    description: ClassVar[str] = "Cap GPU power limits with nvidia-smi -pl; undo restores them."
+    params_model = PowerCapParams
+    supports_undo: ClassVar[bool] = True
+
+    async def _plan(
+        self, ctx: actions.ActionContext, params: PowerCapParams
+    ) -> tuple[port.NodeInfo, Driver, list[tuple[GpuLimits, float, bool]]]:
+        node, driver = await find_driver(ctx, params)
+        gpus = await query(ctx, driver, params.exec_timeout_seconds)
+        return node, driver, plan_caps(select(gpus, wanted_gpus(ctx, params)), params)
+
+    async def check(self, ctx: actions.ActionContext, params: PowerCapParams) -> actions.Check:
+        node, _, plan = await self._plan(ctx, params)
+        done = all(abs(g.limit - target) <= TOLERANCE_W for g, target, _ in plan)
+        gpus = [
+            _gpu_record(g, previous_limit=None, set_limit=target, clamped=clamped)
+            for g, target, clamped in plan
+        ]
+        return actions.Check(in_place=done, output={"node": node.name, "gpus": gpus})
+
+    async def apply(self, ctx: actions.ActionContext, params: PowerCapParams) -> dict[str, Any]:
+        node, driver, plan = await self._plan(ctx, params)
+        timeout = params.exec_timeout_seconds
+        records = []
+        for gpu, target, clamped in plan:
+            changed = abs(gpu.limit - target) > TOLERANCE_W
+            if changed:
+                await set_limit(ctx, driver, gpu.uuid, target, timeout)
+            records.append(
+                _gpu_record(
+                    gpu,
+                    previous_limit=gpu.limit,
+                    set_limit=target,
+                    clamped=clamped,
+                    changed=changed,
+                )
+            )
+        after = {g.uuid: g for g in await query(ctx, driver, timeout)}
+        for record in records:
+            now = after.get(record["uuid"])
+            record["verified_limit"] = now.limit if now else None
+            record["enforced_limit"] = now.enforced if now else None
+            if now is None or abs(now.limit - record["set_limit"]) > TOLERANCE_W:
+                raise errors.ActionFailed(
+                    f"power limit of GPU {record['uuid']} on {node.name} reads back as "
+                    f"{record['verified_limit']} W, not {record['set_limit']:g} W",
+                    output={"node": node.name, "gpus": records},
+                )
+        summary = ", ".join(f"{r['uuid']} {r['set_limit']:g} W" for r in records)
+        event = await clusterops.emit_node_event(
+            ctx, ctx.require_cluster(), node, reason="RemediatorPowerCap", what=f"capped {summary}"
+        )
+        return {
+            "node": node.name,
+            "driver_pod": f"{driver.namespace}/{driver.pod}",
+            "watts": params.watts,
+            "percent_of_default": params.percent_of_default,
+            "gpus": records,
+            "event": event,
+        }
+
+    async def _undo_plan(
+        self, ctx: actions.ActionContext, params: PowerCapParams
+    ) -> tuple[port.NodeInfo, Driver, list[tuple[str, float]], dict[str, str]]:
+        node, driver = await find_driver(ctx, params)
+        current = await query(ctx, driver, params.exec_timeout_seconds)
+        applied = list(ctx.applied_output.get("gpus") or [])
+        restore, left_alone = undo_plan(current, applied)
+        return node, driver, restore, left_alone
+
+    async def check_undo(self, ctx: actions.ActionContext, params: PowerCapParams) -> actions.Check:
+        node, _, restore, left_alone = await self._undo_plan(ctx, params)
+        output = {"node": node.name, "left_alone": left_alone}
+        return actions.Check(in_place=not restore, output=output)
+
+    async def undo(self, ctx: actions.ActionContext, params: PowerCapParams) -> dict[str, Any]:
+        node, driver, restore, left_alone = await self._undo_plan(ctx, params)
+        for uuid, watts in restore:
+            await set_limit(ctx, driver, uuid, watts, params.exec_timeout_seconds)
+        after = {g.uuid: g.limit for g in await query(ctx, driver, params.exec_timeout_seconds)}
+        restored = {uuid: after.get(uuid) for uuid, _ in restore}
+        event = await clusterops.emit_node_event(
+            ctx,
+            ctx.require_cluster(),
+            node,
+            reason="RemediatorPowerRestore",
+            what=f"restored power limits {restored}; left alone {left_alone}",
+        )
+        return {"node": node.name, "restored": restored, "left_alone": left_alone, "event": event}
+
+    def describe(self, params: PowerCapParams) -> str:
+        target = (
+            f"{params.watts:g} W"
+            if params.watts is not None
+            else f"{params.percent_of_default:g}% of default"
+        )
+        return f"cap GPU power on {params.node or '(alert node)'} to {target}"

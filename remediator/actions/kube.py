@@ -1,0 +1,275 @@
+"""Node actions: cordon/uncordon, labels, taints. ``KUBE_ACTIONS`` lists every Kubernetes action.
+
+Each action re-reads the node, refuses nodes outside the GPU selector, writes with a
+resourceVersion precondition (retried on 409 with a fresh read), records what it changed (the
+previous values) in its output, and emits an Event on the node. Undo restores only what is
+still as this run left it: whatever someone else changed since is left alone and said so.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pydantic
+
+from remediator.actions import bugreport, clusterops, drain, gpu, pods, taints, validation
+from remediator.domain import errors
+from remediator.ports import actions
+from remediator.ports import cluster as port
+
+CORDONED_BY = clusterops.CORDONED_BY
+
+
+class NodeParams(validation.Model):
+    node: validation.NodeName | None = None
+    """Default: the run's node."""
+
+
+async def _node(ctx: actions.ActionContext, params: NodeParams) -> port.NodeInfo:
+    cluster = ctx.require_cluster()
+    return await clusterops.gpu_node(cluster, clusterops.target_node(ctx, params.node))
+
+
+class CordonAction(actions.Action[NodeParams]):
+    name: ClassVar[str] = "node.cordon"
+    description: ClassVar[str] = "Mark the node unschedulable (annotated with the run)."
+    params_model = NodeParams
+    supports_undo: ClassVar[bool] = True
+
+    async def check(self, ctx: actions.ActionContext, params: NodeParams) -> actions.Check:
+        node = await _node(ctx, params)
+        output = {"node": node.name, "cordoned_by": node.annotations.get(CORDONED_BY)}
+        return actions.Check(in_place=node.unschedulable, output=output)
+
+    async def apply(self, ctx: actions.ActionContext, params: NodeParams) -> dict[str, Any]:
+        node = await _node(ctx, params)
+        return {"node": node.name, **await clusterops.cordon(ctx, ctx.require_cluster(), node)}
+
+    async def check_undo(self, ctx: actions.ActionContext, params: NodeParams) -> actions.Check:
+        node = await _node(ctx, params)
+        marker = clusterops.run_marker(ctx)
+        if ctx.applied_output.get("cordoned_by") != marker:
+            reason = "the node was not cordoned by this run"
+            return actions.Check(in_place=True, output={"node": node.name, "left_alone": reason})
+        if not node.unschedulable and node.annotations.get(CORDONED_BY) != marker:
+            reason = "uncordoned by someone else"
+            return actions.Check(in_place=True, output={"node": node.name, "left_alone": reason})
+        return actions.Check(in_place=False)
+
+    async def undo(self, ctx: actions.ActionContext, params: NodeParams) -> dict[str, Any]:
+        cluster = ctx.require_cluster()
+        node = await _node(ctx, params)
+        marker = clusterops.run_marker(ctx)
+        holder = node.annotations.get(CORDONED_BY)
+        if holder != marker:
+            who = f"cordoned by {holder}" if holder else "cordon state changed by someone else"
+            return {"node": node.name, "left_alone": who}
+        output: dict[str, Any] = {"node": node.name}
+        if not node.unschedulable:
+            output["left_alone"] = "uncordoned by someone else"
+        await _uncordon(ctx, cluster, node, output)
+        return output
+
+    def describe(self, params: NodeParams) -> str:
+        return f"cordon node {params.node or '(alert node)'}"
+
+
+async def _uncordon(
+    ctx: actions.ActionContext, cluster: port.Cluster, node: port.NodeInfo, output: dict[str, Any]
+) -> None:
+    was_cordoned = node.unschedulable
+
+    async def attempt() -> port.NodeInfo:
+        fresh = await cluster.get_node(node.name)
+        return await cluster.patch_node(
+            node.name,
+            unschedulable=False if fresh.unschedulable else None,
+            annotations={CORDONED_BY: None},
+            resource_version=fresh.resource_version,
+        )
+
+    await clusterops.with_conflict_retries(f"uncordoning node {node.name}", attempt)
+    output["uncordoned"] = was_cordoned
+    output["annotation_removed"] = CORDONED_BY in node.annotations
+    if was_cordoned:
+        output["event"] = await clusterops.emit_node_event(
+            ctx, cluster, node, reason="RemediatorUncordon", what="uncordoned the node"
+        )
+
+
+class UncordonParams(NodeParams):
+    only_if_cordoned_by_us: bool = True
+    """Refuse when the node was cordoned by something other than remediator."""
+
+
+class UncordonAction(actions.Action[UncordonParams]):
+    name: ClassVar[str] = "node.uncordon"
+    description: ClassVar[str] = "Mark the node schedulable again (if remediator cordoned it)."
+    params_model = UncordonParams
+
+    async def check(self, ctx: actions.ActionContext, params: UncordonParams) -> actions.Check:
+        node = await _node(ctx, params)
+        done = not node.unschedulable and CORDONED_BY not in node.annotations
+        return actions.Check(in_place=done, output={"node": node.name})
+
+    async def apply(self, ctx: actions.ActionContext, params: UncordonParams) -> dict[str, Any]:
+        cluster = ctx.require_cluster()
+        node = await _node(ctx, params)
+        others = await clusterops.other_holders(ctx, node.name)
+        if others:
+            raise errors.ActionFailed(f"refused: node {node.name} is held by runs {others}")
+        holder = node.annotations.get(CORDONED_BY, "")
+        if node.unschedulable and params.only_if_cordoned_by_us and not holder.startswith("run-"):
+            raise errors.ActionFailed(
+                f"refused: node {node.name} was not cordoned by remediator (no {CORDONED_BY} "
+                "annotation); set only_if_cordoned_by_us: false to uncordon it anyway",
+                output={"node": node.name, "refused": "cordoned by someone else"},
+            )
+        output: dict[str, Any] = {"node": node.name, "cordoned_by": holder or None}
+        await _uncordon(ctx, cluster, node, output)
+        return output
+
+    def describe(self, params: UncordonParams) -> str:
+        return f"uncordon node {params.node or '(alert node)'}"
+
+
+# ---- labels -----------------------------------------------------------------------------
+
+
+def _restore_plan(
+    current: dict[str, str], previous: dict[str, str | None], written: dict[str, str | None]
+) -> tuple[dict[str, str | None], dict[str, str]]:
+    """Which keys to put back, and which to leave alone because someone changed them since."""
+    restore: dict[str, str | None] = {}
+    left_alone: dict[str, str] = {}
+    for key, before in previous.items():
+        now = current.get(key)
+        if now == before:
+            continue
+        if now != written.get(key):
+            left_alone[key] = f"changed by someone else to {now!r}"
+            continue
+        restore[key] = before
+    return restore, left_alone
+
+
+class LabelParams(NodeParams):
+    labels: dict[validation.LabelKey, validation.LabelValue] = pydantic.Field(min_length=1)
+
+
+class UnlabelParams(NodeParams):
+    keys: list[validation.LabelKey] = pydantic.Field(min_length=1)
+
+
+class _LabelsBase:
+    """Shared by node.label and node.unlabel: the wanted map, the write and its undo."""
+
+    event_reason: ClassVar[str]
+
+    def wanted(self, params: Any) -> dict[str, str | None]:
+        raise NotImplementedError
+
+    async def _write(
+        self, ctx: actions.ActionContext, params: NodeParams, wanted: dict[str, str | None]
+    ) -> tuple[port.NodeInfo, dict[str, str | None]]:
+        cluster = ctx.require_cluster()
+        node = await _node(ctx, params)
+        previous: dict[str, str | None] = {}
+
+        async def attempt() -> port.NodeInfo:
+            fresh = await cluster.get_node(node.name)
+            previous.clear()
+            previous.update({k: fresh.labels.get(k) for k in wanted})
+            changes = {k: v for k, v in wanted.items() if fresh.labels.get(k) != v}
+            if not changes:
+                return fresh
+            return await cluster.patch_node(
+                node.name, labels=changes, resource_version=fresh.resource_version
+            )
+
+        updated = await clusterops.with_conflict_retries(f"labelling node {node.name}", attempt)
+        return updated, previous
+
+    async def check(self, ctx: actions.ActionContext, params: NodeParams) -> actions.Check:
+        node = await _node(ctx, params)
+        wanted = self.wanted(params)
+        done = all(node.labels.get(k) == v for k, v in wanted.items())
+        return actions.Check(
+            in_place=done, output={"node": node.name, "set": wanted, "previous": wanted}
+        )
+
+    async def apply(self, ctx: actions.ActionContext, params: NodeParams) -> dict[str, Any]:
+        wanted = self.wanted(params)
+        node, previous = await self._write(ctx, params, wanted)
+        what = ", ".join(f"{k}={v}" if v is not None else f"-{k}" for k, v in wanted.items())
+        event = await clusterops.emit_node_event(
+            ctx, ctx.require_cluster(), node, reason=self.event_reason, what=f"labels {what}"
+        )
+        return {"node": node.name, "set": wanted, "previous": previous, "event": event}
+
+    async def check_undo(self, ctx: actions.ActionContext, params: NodeParams) -> actions.Check:
+        node = await _node(ctx, params)
+        previous = dict(ctx.applied_output.get("previous") or {})
+        written = dict(ctx.applied_output.get("set") or {})
+        restore, left_alone = _restore_plan(node.labels, previous, written)
+        output = {"node": node.name, "left_alone": left_alone}
+        return actions.Check(in_place=not restore, output=output)
+
+    async def undo(self, ctx: actions.ActionContext, params: NodeParams) -> dict[str, Any]:
+        cluster = ctx.require_cluster()
+        node = await _node(ctx, params)
+        previous = dict(ctx.applied_output.get("previous") or {})
+        written = dict(ctx.applied_output.get("set") or {})
+        plan: dict[str, Any] = {}
+
+        async def attempt() -> port.NodeInfo:
+            fresh = await cluster.get_node(node.name)
+            restore, left_alone = _restore_plan(fresh.labels, previous, written)
+            plan.update(restored=restore, left_alone=left_alone)
+            if not restore:
+                return fresh
+            return await cluster.patch_node(
+                node.name, labels=restore, resource_version=fresh.resource_version
+            )
+
+        await clusterops.with_conflict_retries(f"restoring labels of {node.name}", attempt)
+        return {"node": node.name, **plan}
+
+
+class LabelAction(_LabelsBase, actions.Action[LabelParams]):
+    name: ClassVar[str] = "node.label"
+    description: ClassVar[str] = "Set labels on the node; undo restores the previous values."
+    params_model = LabelParams
+    supports_undo: ClassVar[bool] = True
+    event_reason: ClassVar[str] = "RemediatorLabel"
+
+    def wanted(self, params: Any) -> dict[str, str | None]:
+        return dict(params.labels)
+
+
+class UnlabelAction(_LabelsBase, actions.Action[UnlabelParams]):
+    name: ClassVar[str] = "node.unlabel"
+    description: ClassVar[str] = "Remove labels from the node; undo puts them back."
+    params_model = UnlabelParams
+    supports_undo: ClassVar[bool] = True
+    event_reason: ClassVar[str] = "RemediatorUnlabel"
+
+    def wanted(self, params: Any) -> dict[str, str | None]:
+        return dict.fromkeys(params.keys)
+
+
+KUBE_ACTIONS: list[actions.Action[Any]] = [
+    CordonAction(),
+    UncordonAction(),
+    LabelAction(),
+    UnlabelAction(),
+    taints.TaintAction(),
+    taints.UntaintAction(),
+    drain.DrainAction(),
+    pods.EventAction(),
+    pods.AnnotateAction(),
+    pods.EvictAction(),
+    gpu.PowerCapAction(),
+    bugreport.BugReportAction(),
+]
+"""Every Kubernetes action, for the composition root to register."""
