@@ -115,8 +115,44 @@ def validation_fields(error: pydantic.ValidationError) -> list[dict[str, str]]:
 
 
 def parse_payload(body: bytes) -> WebhookPayload:
-    """Validate a raw body; raises ``pydantic.ValidationError`` (with a recursion limit)."""
-    return WebhookPayload.model_validate_json(body)
+    """Validate a raw body; raises ``pydantic.ValidationError`` (with a recursion limit).
+
+    NUL characters are refused: no label value carries one in practice, and Postgres cannot
+    store them in text, so such a payload could never be stored on every backend.
+    """
+    payload = WebhookPayload.model_validate_json(body)
+    if b"\\u0000" in body:
+        found = _find_nul(payload.model_dump(by_alias=True))
+        if found is not None:
+            raise pydantic.ValidationError.from_exception_data(
+                "WebhookPayload",
+                [
+                    {
+                        "type": "value_error",
+                        "loc": found,
+                        "input": None,
+                        "ctx": {"error": ValueError("NUL characters are not allowed")},
+                    }
+                ],
+            )
+    return payload
+
+
+def _find_nul(value: Any, loc: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
+    if isinstance(value, str):
+        return loc if "\x00" in value else None
+    items: Any = ()
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    for key, child in items:
+        if isinstance(key, str) and "\x00" in key:
+            return (*loc, key)
+        found = _find_nul(child, (*loc, key))
+        if found is not None:
+            return found
+    return None
 
 
 def describe(alert: Alert) -> dict[str, Any]:

@@ -79,17 +79,18 @@ class IntakeWriter:
     async def _write_batch(self, batch: list[tuple[Delivery, asyncio.Future[Stored]]]) -> None:
         try:
             results = await self._commit([delivery for delivery, _ in batch])
-        except errors.StoreUnavailable as e:
+        except Exception as e:
+            if len(batch) > 1 and not isinstance(e, errors.StoreUnavailable):
+                # One bad delivery must not fail its neighbours: write them one by one.
+                for item in batch:
+                    await self._write_batch([item])
+                return
+            if not isinstance(e, errors.StoreUnavailable):
+                logger.exception("could not store a delivery")
+                e = errors.StoreUnavailable(f"could not store the delivery: {type(e).__name__}")
             for _, future in batch:
                 if not future.done():
                     future.set_exception(e)
-            return
-        except Exception as e:
-            logger.exception("intake batch failed")
-            failure = errors.StoreUnavailable(f"could not store the delivery: {type(e).__name__}")
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(failure)
             return
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
