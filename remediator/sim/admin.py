@@ -15,8 +15,9 @@ GPU_FIELDS = {f.name for f in dataclasses.fields(nvidia.Gpu)} - {"index"}
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(text=json.dumps(body, indent=1), status=status,
-                        content_type="application/json")
+    return web.Response(
+        text=json.dumps(body, indent=1), status=status, content_type="application/json"
+    )
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -47,9 +48,13 @@ async def list_gpus(request: web.Request) -> web.Response:
     host = cluster.hosts.get(request.match_info["node"])
     if host is None:
         raise errors.ApiError(404, f"node {request.match_info['node']} has no GPUs")
-    return _json({"driver_version": host.driver_version,
-                  "bug_report_hangs": host.bug_report_hangs,
-                  "gpus": [dataclasses.asdict(g) for g in host.gpus]})
+    return _json(
+        {
+            "driver_version": host.driver_version,
+            "bug_report_hangs": host.bug_report_hangs,
+            "gpus": [dataclasses.asdict(g) for g in host.gpus],
+        }
+    )
 
 
 async def get_gpu(request: web.Request) -> web.Response:
@@ -93,8 +98,7 @@ async def patch_settings(request: web.Request) -> web.Response:
     cluster = request.app[api.CLUSTER]
     body = await _body(request)
     try:
-        cluster.settings = fleet.Settings.model_validate(
-            {**cluster.settings.model_dump(), **body})
+        cluster.settings = fleet.Settings.model_validate({**cluster.settings.model_dump(), **body})
     except pydantic.ValidationError as e:
         raise errors.ApiError(422, str(e), reason="Invalid") from e
     cluster.wake.set()
@@ -120,17 +124,23 @@ async def put_faults(request: web.Request) -> web.Response:
 async def state(request: web.Request) -> web.Response:
     cluster = request.app[api.CLUSTER]
     st = cluster.store
-    return _json({
-        "resourceVersion": st.resource_version,
-        "settings": cluster.settings.model_dump(),
-        "nodes": st.list("nodes"),
-        "pods": st.list("pods"),
-        "poddisruptionbudgets": st.list("poddisruptionbudgets.policy"),
-        "gpus": {node: [dataclasses.asdict(g) for g in host.gpus]
-                 for node, host in cluster.hosts.items()},
-        "files": {uid: {path: len(data) for path, data in files.items()}
-                  for uid, files in cluster.files.items()},
-    })
+    return _json(
+        {
+            "resourceVersion": st.resource_version,
+            "settings": cluster.settings.model_dump(),
+            "nodes": st.list("nodes"),
+            "pods": st.list("pods"),
+            "poddisruptionbudgets": st.list("poddisruptionbudgets.policy"),
+            "gpus": {
+                node: [dataclasses.asdict(g) for g in host.gpus]
+                for node, host in cluster.hosts.items()
+            },
+            "files": {
+                uid: {path: len(data) for path, data in files.items()}
+                for uid, files in cluster.files.items()
+            },
+        }
+    )
 
 
 async def reset(request: web.Request) -> web.Response:

@@ -16,13 +16,22 @@ from remediator.sim import errors, patching, pods, resources, selectors, store
 
 Obj = dict[str, Any]
 CLUSTER = web.AppKey("cluster", cluster_mod.Cluster)
-WITH_STATUS = {"nodes", "pods", "poddisruptionbudgets.policy", "replicasets.apps",
-               "statefulsets.apps", "daemonsets.apps", "deployments.apps", "namespaces"}
+WITH_STATUS = {
+    "nodes",
+    "pods",
+    "poddisruptionbudgets.policy",
+    "replicasets.apps",
+    "statefulsets.apps",
+    "daemonsets.apps",
+    "deployments.apps",
+    "namespaces",
+}
 
 
 def json_response(body: Any, status: int = 200) -> web.Response:
-    return web.Response(text=json.dumps(body, separators=(",", ":")), status=status,
-                        content_type="application/json")
+    return web.Response(
+        text=json.dumps(body, separators=(",", ":")), status=status, content_type="application/json"
+    )
 
 
 @dataclasses.dataclass
@@ -35,8 +44,7 @@ class Target:
 
 
 def not_found_path() -> errors.ApiError:
-    return errors.ApiError(404, "the server could not find the requested resource",
-                           details={})
+    return errors.ApiError(404, "the server could not find the requested resource", details={})
 
 
 def parse_target(path: str) -> Target | None:
@@ -58,42 +66,13 @@ def parse_target(path: str) -> Target | None:
     res = resources.find(group, version, rest[0])
     if res is None or (namespace is not None and not res.namespaced):
         return None
-    return Target(res, namespace, rest[1] if len(rest) > 1 else None,
-                  rest[2] if len(rest) > 2 else None, watch)
-
-
-# ---- discovery -------------------------------------------------------------------------
-
-
-async def version(request: web.Request) -> web.Response:
-    return json_response(resources.VERSION_INFO)
-
-
-async def core_versions(request: web.Request) -> web.Response:
-    return json_response(resources.api_versions(request.host))
-
-
-async def group_list(request: web.Request) -> web.Response:
-    return json_response(resources.api_group_list())
-
-
-async def group(request: web.Request) -> web.Response:
-    name = request.match_info["group"]
-    if name not in resources.GROUP_VERSIONS:
-        raise not_found_path()
-    return json_response({"kind": "APIGroup", "apiVersion": "v1", **resources.api_group(name)})
-
-
-async def resource_list(request: web.Request) -> web.Response:
-    info = request.match_info
-    body = resources.resource_list(info.get("group", ""), info["version"])
-    if body is None:
-        raise not_found_path()
-    return json_response(body)
-
-
-async def healthz(request: web.Request) -> web.Response:
-    return web.Response(text="ok")
+    return Target(
+        res,
+        namespace,
+        rest[1] if len(rest) > 1 else None,
+        rest[2] if len(rest) > 2 else None,
+        watch,
+    )
 
 
 # ---- resources -------------------------------------------------------------------------
@@ -122,8 +101,9 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     cluster = request.app[CLUSTER]
     method = request.method
     if target.sub is not None:
-        return await pods.subresource(request, cluster, target.res, target.namespace,
-                                      target.name or "", target.sub)
+        return await pods.subresource(
+            request, cluster, target.res, target.namespace, target.name or "", target.sub
+        )
     if target.name is None:
         if method == "GET":
             if target.watch or request.query.get("watch", "").lower() in ("true", "1"):
@@ -131,8 +111,11 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
             return list_objects(request, cluster, target)
         if method == "POST":
             return await create(request, cluster, target)
-        raise errors.ApiError(405, f"the server does not allow this method on the requested "
-                              f"resource ({method})", reason="MethodNotAllowed")
+        raise errors.ApiError(
+            405,
+            f"the server does not allow this method on the requested resource ({method})",
+            reason="MethodNotAllowed",
+        )
     if target.watch:
         return await watch(request, cluster, target)
     return await item(request, cluster, target)
@@ -142,13 +125,18 @@ def _continue_token(key: str, rv: str) -> str:
     return base64.urlsafe_b64encode(json.dumps({"rv": rv, "start": key}).encode()).decode()
 
 
-def list_objects(request: web.Request, cluster: cluster_mod.Cluster, target: Target) -> web.Response:
+def list_objects(
+    request: web.Request, cluster: cluster_mod.Cluster, target: Target
+) -> web.Response:
     res = target.res
     labels = selectors.parse_label_selector(request.query.get("labelSelector"))
     fields = selectors.parse_field_selector(request.query.get("fieldSelector"), res.store_key)
-    items = [o for o in cluster.store.iter(res.store_key, target.namespace)
-             if selectors.matches_labels(labels, o["metadata"].get("labels"))
-             and selectors.matches_fields(fields, o, res.store_key)]
+    items = [
+        o
+        for o in cluster.store.iter(res.store_key, target.namespace)
+        if selectors.matches_labels(labels, o["metadata"].get("labels"))
+        and selectors.matches_fields(fields, o, res.store_key)
+    ]
     meta: Obj = {"resourceVersion": cluster.store.resource_version}
     start = request.query.get("continue")
     if start:
@@ -170,37 +158,44 @@ def list_objects(request: web.Request, cluster: cluster_mod.Cluster, target: Tar
         copied.pop("kind", None)
         copied.pop("apiVersion", None)
         out.append(copied)
-    return json_response({"kind": f"{res.kind}List", "apiVersion": res.api_version,
-                          "metadata": meta, "items": out})
+    return json_response(
+        {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": meta, "items": out}
+    )
 
 
 def _key(obj: Obj) -> str:
     return f"{obj['metadata'].get('namespace', '')}/{obj['metadata']['name']}"
 
 
-async def watch(request: web.Request, cluster: cluster_mod.Cluster, target: Target) -> web.StreamResponse:
+async def watch(
+    request: web.Request, cluster: cluster_mod.Cluster, target: Target
+) -> web.StreamResponse:
     res = target.res
     labels = selectors.parse_label_selector(request.query.get("labelSelector"))
     fields = selectors.parse_field_selector(request.query.get("fieldSelector"), res.store_key)
     if target.name:
         fields.append(selectors.FieldRequirement("metadata.name", True, target.name))
     timeout = float(request.query.get("timeoutSeconds") or 1800)
-    response = web.StreamResponse(headers={"Content-Type": "application/json",
-                                           "Cache-Control": "no-cache, private"})
+    response = web.StreamResponse(
+        headers={"Content-Type": "application/json", "Cache-Control": "no-cache, private"}
+    )
     await response.prepare(request)
 
     def visible(obj: Obj | None) -> bool:
-        return obj is not None and selectors.matches_labels(
-            labels, obj["metadata"].get("labels")) and selectors.matches_fields(
-            fields, obj, res.store_key)
+        return (
+            obj is not None
+            and selectors.matches_labels(labels, obj["metadata"].get("labels"))
+            and selectors.matches_fields(fields, obj, res.store_key)
+        )
 
     async def send(kind: str, obj: Obj) -> None:
         line = json.dumps({"type": kind, "object": _serve(obj, res)}, separators=(",", ":"))
         await response.write(line.encode() + b"\n")
 
     try:
-        watcher = cluster.store.watch(res.store_key, target.namespace,
-                                      request.query.get("resourceVersion"))
+        watcher = cluster.store.watch(
+            res.store_key, target.namespace, request.query.get("resourceVersion")
+        )
     except errors.ApiError as e:
         await send("ERROR", e.body)
         return response
@@ -234,7 +229,9 @@ async def watch(request: web.Request, cluster: cluster_mod.Cluster, target: Targ
     return response
 
 
-async def create(request: web.Request, cluster: cluster_mod.Cluster, target: Target) -> web.Response:
+async def create(
+    request: web.Request, cluster: cluster_mod.Cluster, target: Target
+) -> web.Response:
     res = target.res
     body = await _body(request)
     if not isinstance(body, dict):
@@ -242,8 +239,11 @@ async def create(request: web.Request, cluster: cluster_mod.Cluster, target: Tar
     meta = body.setdefault("metadata", {})
     if res.namespaced:
         if meta.get("namespace") and target.namespace and meta["namespace"] != target.namespace:
-            raise errors.ApiError(400, "the namespace of the provided object does not match "
-                                  "the namespace sent on the request")
+            raise errors.ApiError(
+                400,
+                "the namespace of the provided object does not match "
+                "the namespace sent on the request",
+            )
         if target.namespace is None:
             raise errors.ApiError(405, "create requires a namespace", reason="MethodNotAllowed")
         meta["namespace"] = target.namespace
@@ -267,47 +267,72 @@ async def item(request: web.Request, cluster: cluster_mod.Cluster, target: Targe
         return json_response(_serve(cluster.store.must_get(res.store_key, ns, name), res))
     if method == "PUT":
         body = await _body(request)
-        return json_response(_serve(update(cluster, res, ns, name, body, status=False,
-                                           dry_run=_dry_run(request)), res))
+        return json_response(
+            _serve(
+                update(cluster, res, ns, name, body, status=False, dry_run=_dry_run(request)), res
+            )
+        )
     if method == "PATCH":
         patch = await _body(request)
         ctype = request.headers.get("Content-Type", "")
-        return json_response(_serve(apply_patch(cluster, res, ns, name, patch, ctype,
-                                                status=False, dry_run=_dry_run(request)), res))
+        return json_response(
+            _serve(
+                apply_patch(
+                    cluster, res, ns, name, patch, ctype, status=False, dry_run=_dry_run(request)
+                ),
+                res,
+            )
+        )
     if method == "DELETE":
         raw = await request.read()
         options = json.loads(raw) if raw else {}
         if "gracePeriodSeconds" in request.query:
             options["gracePeriodSeconds"] = int(request.query["gracePeriodSeconds"])
         if res.store_key == "pods":
-            return json_response(_serve(pods.delete_pod(cluster, ns, name, options,
-                                                        dry_run=_dry_run(request)), res))
+            return json_response(
+                _serve(pods.delete_pod(cluster, ns, name, options, dry_run=_dry_run(request)), res)
+            )
         obj = cluster.store.must_get(res.store_key, ns, name)
         pods.check_preconditions(obj, options, res)
         if not _dry_run(request):
             obj = cluster.store.delete(res.store_key, ns, name)
         return json_response(_serve(obj, res))
-    raise errors.ApiError(405, f"the server does not allow this method on the requested "
-                          f"resource ({method})", reason="MethodNotAllowed")
+    raise errors.ApiError(
+        405,
+        f"the server does not allow this method on the requested resource ({method})",
+        reason="MethodNotAllowed",
+    )
 
 
-def update(cluster: cluster_mod.Cluster, res: resources.Resource, ns: str, name: str,
-           body: Any, *, status: bool, dry_run: bool) -> Obj:
+def update(
+    cluster: cluster_mod.Cluster,
+    res: resources.Resource,
+    ns: str,
+    name: str,
+    body: Any,
+    *,
+    status: bool,
+    dry_run: bool,
+) -> Obj:
     if not isinstance(body, dict):
         raise errors.ApiError(400, "the request body must be an object")
     meta = body.setdefault("metadata", {})
     if meta.get("name") and meta["name"] != name:
-        raise errors.ApiError(400, "the name of the object "
-                              f"({meta['name']}) does not match the name on the URL ({name})")
+        raise errors.ApiError(
+            400,
+            f"the name of the object ({meta['name']}) does not match the name on the URL ({name})",
+        )
     meta["name"] = name
     if res.namespaced:
         meta["namespace"] = ns
     old = cluster.store.must_get(res.store_key, ns, name)
     if res.store_key in WITH_STATUS:
         if status:
-            body = {**old, "status": body.get("status", {}),
-                    "metadata": {**old["metadata"],
-                                 "resourceVersion": meta.get("resourceVersion")}}
+            body = {
+                **old,
+                "status": body.get("status", {}),
+                "metadata": {**old["metadata"], "resourceVersion": meta.get("resourceVersion")},
+            }
         elif "status" in old:
             body["status"] = old["status"]
         else:
@@ -320,8 +345,17 @@ def update(cluster: cluster_mod.Cluster, res: resources.Resource, ns: str, name:
     return cluster.store.update(res.store_key, body)
 
 
-def apply_patch(cluster: cluster_mod.Cluster, res: resources.Resource, ns: str, name: str,
-                patch: Any, ctype: str, *, status: bool, dry_run: bool) -> Obj:
+def apply_patch(
+    cluster: cluster_mod.Cluster,
+    res: resources.Resource,
+    ns: str,
+    name: str,
+    patch: Any,
+    ctype: str,
+    *,
+    status: bool,
+    dry_run: bool,
+) -> Obj:
     old = cluster.store.must_get(res.store_key, ns, name)
     current_rv = old["metadata"]["resourceVersion"]
     old["metadata"].pop("resourceVersion")

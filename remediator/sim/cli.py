@@ -14,23 +14,55 @@ from remediator.sim import testing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--listen", default="127.0.0.1:6443", metavar="HOST:PORT",
-                        help="address to serve the Kubernetes API on (port 0: any free port)")
-    parser.add_argument("--fleet", default=None, metavar="FILE",
-                        help="fleet description (YAML); default: the packaged default fleet")
-    parser.add_argument("--token", default=None,
-                        help="bearer token clients must present (default: random, printed)")
-    parser.add_argument("--kubeconfig", default="sim.kubeconfig", metavar="PATH",
-                        help="where to write a kubeconfig for the simulator")
-    parser.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True,
-                        help="serve HTTPS with the bundled self-signed certificate (kubectl "
-                        "sends bearer tokens only over TLS); --no-tls serves plain HTTP")
-    parser.add_argument("--time-scale", type=float, default=None, metavar="FACTOR",
-                        help="real seconds per simulated second (e.g. 0.1 runs 10x faster)")
-    parser.add_argument("--default-grace", type=int, default=None, metavar="SECONDS",
-                        help="override every pod's terminationGracePeriodSeconds")
-    parser.add_argument("--bug-report-seconds", type=float, default=None, metavar="SECONDS",
-                        help="simulated duration of nvidia-bug-report.sh")
+    parser.add_argument(
+        "--listen",
+        default="127.0.0.1:6443",
+        metavar="HOST:PORT",
+        help="address to serve the Kubernetes API on (port 0: any free port)",
+    )
+    parser.add_argument(
+        "--fleet",
+        default=None,
+        metavar="FILE",
+        help="fleet description (YAML); default: the packaged default fleet",
+    )
+    parser.add_argument(
+        "--token", default=None, help="bearer token clients must present (default: random, printed)"
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default="sim.kubeconfig",
+        metavar="PATH",
+        help="where to write a kubeconfig for the simulator",
+    )
+    parser.add_argument(
+        "--tls",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="serve HTTPS with the bundled self-signed certificate (kubectl "
+        "sends bearer tokens only over TLS); --no-tls serves plain HTTP",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        metavar="FACTOR",
+        help="real seconds per simulated second (e.g. 0.1 runs 10x faster)",
+    )
+    parser.add_argument(
+        "--default-grace",
+        type=int,
+        default=None,
+        metavar="SECONDS",
+        help="override every pod's terminationGracePeriodSeconds",
+    )
+    parser.add_argument(
+        "--bug-report-seconds",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="simulated duration of nvidia-bug-report.sh",
+    )
 
 
 def _load_fleet(args: argparse.Namespace) -> fleet_mod.Fleet:
@@ -47,13 +79,21 @@ def _load_fleet(args: argparse.Namespace) -> fleet_mod.Fleet:
 
 async def _serve(args: argparse.Namespace, fleet: fleet_mod.Fleet, token: str) -> None:
     host, _, port = args.listen.rpartition(":")
-    sim = await testing.start_sim(fleet, token=token, time_scale=args.time_scale,
-                                  host=host or "127.0.0.1", port=int(port),
-                                  kubeconfig_path=args.kubeconfig, tls=args.tls)
+    sim = await testing.start_sim(
+        fleet,
+        token=token,
+        time_scale=args.time_scale,
+        host=host or "127.0.0.1",
+        port=int(port),
+        kubeconfig_path=args.kubeconfig,
+        tls=args.tls,
+    )
     print(f"remediator sim: serving the Kubernetes API on {sim.url}", flush=True)
     print(f"remediator sim: token {token}", flush=True)
-    print(f"remediator sim: kubeconfig written to {sim.kubeconfig_path} "
-          f"(context {testing.CONTEXT})", flush=True)
+    print(
+        f"remediator sim: kubeconfig written to {sim.kubeconfig_path} (context {testing.CONTEXT})",
+        flush=True,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -42,8 +42,13 @@ class Cluster:
         seed(self, fleet)
 
     def _on_change(self, store_key: str, kind: str, obj: Obj) -> None:
-        if store_key in ("pods", "nodes", "replicasets.apps", "statefulsets.apps",
-                         "daemonsets.apps"):
+        if store_key in (
+            "pods",
+            "nodes",
+            "replicasets.apps",
+            "statefulsets.apps",
+            "daemonsets.apps",
+        ):
             self.wake.set()
         if store_key == "pods" and kind == "DELETED":
             self.files.pop(obj["metadata"].get("uid", ""), None)
@@ -74,20 +79,30 @@ def seed(cluster: Cluster, fleet: fleet_mod.Fleet) -> None:
     namespaces = ["default", "kube-system", "kube-public", "kube-node-lease", *fleet.namespaces]
     namespaces += [w.namespace for w in fleet.workloads] + [p.namespace for p in fleet.pdbs]
     for ns in dict.fromkeys(namespaces):
-        st.create("namespaces", {"metadata": {"name": ns, "labels": {
-            "kubernetes.io/metadata.name": ns}}, "spec": {"finalizers": ["kubernetes"]},
-            "status": {"phase": "Active"}})
+        st.create(
+            "namespaces",
+            {
+                "metadata": {"name": ns, "labels": {"kubernetes.io/metadata.name": ns}},
+                "spec": {"finalizers": ["kubernetes"]},
+                "status": {"phase": "Active"},
+            },
+        )
     for node in fleet.nodes:
         allocatable = dict(node.allocatable)
         host = fleet_mod.build_host(node, cluster.settings)
         if host is not None:
             cluster.hosts[node.name] = host
             allocatable.setdefault("nvidia.com/gpu", str(len(host.gpus)))
-        st.create("nodes", objects.node(
-            node.name, labels=node.labels, taints=[t.model_dump(exclude_none=True)
-                                                    for t in node.taints],
-            allocatable=allocatable, unschedulable=node.unschedulable,
-        ))
+        st.create(
+            "nodes",
+            objects.node(
+                node.name,
+                labels=node.labels,
+                taints=[t.model_dump(exclude_none=True) for t in node.taints],
+                allocatable=allocatable,
+                unschedulable=node.unschedulable,
+            ),
+        )
     for workload in fleet.workloads:
         seed_workload(cluster, workload)
     for pdb in fleet.pdbs:
@@ -96,9 +111,15 @@ def seed(cluster: Cluster, fleet: fleet_mod.Fleet) -> None:
             spec["minAvailable"] = pdb.min_available
         if pdb.max_unavailable is not None:
             spec["maxUnavailable"] = pdb.max_unavailable
-        st.create("poddisruptionbudgets.policy", {
-            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": {"name": pdb.name, "namespace": pdb.namespace}, "spec": spec})
+        st.create(
+            "poddisruptionbudgets.policy",
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": pdb.name, "namespace": pdb.namespace},
+                "spec": spec,
+            },
+        )
 
 
 def pod_template(workload: fleet_mod.Workload) -> Obj:
@@ -106,13 +127,14 @@ def pod_template(workload: fleet_mod.Workload) -> Obj:
     for c in workload.containers:
         container: Obj = {"name": c.name, "image": c.image}
         if c.gpus:
-            container["resources"] = {"limits": {"nvidia.com/gpu": str(c.gpus)},
-                                      "requests": {"nvidia.com/gpu": str(c.gpus)}}
+            container["resources"] = {
+                "limits": {"nvidia.com/gpu": str(c.gpus)},
+                "requests": {"nvidia.com/gpu": str(c.gpus)},
+            }
         if workload.empty_dir:
             container["volumeMounts"] = [{"name": "scratch", "mountPath": "/scratch"}]
         containers.append(container)
-    spec: Obj = {"containers": containers,
-                 "terminationGracePeriodSeconds": workload.grace_seconds}
+    spec: Obj = {"containers": containers, "terminationGracePeriodSeconds": workload.grace_seconds}
     if workload.empty_dir:
         spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
     if workload.node_selector:
@@ -137,10 +159,17 @@ def _controller(workload: fleet_mod.Workload, template: Obj) -> Obj:
     if kind == "StatefulSet":
         spec["serviceName"] = workload.name
         spec["podManagementPolicy"] = "OrderedReady"
-    return {"apiVersion": "apps/v1", "kind": kind,
-            "metadata": {"name": workload.name, "namespace": workload.namespace,
-                         "labels": dict(workload.labels)},
-            "spec": spec, "status": status}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {
+            "name": workload.name,
+            "namespace": workload.namespace,
+            "labels": dict(workload.labels),
+        },
+        "spec": spec,
+        "status": status,
+    }
 
 
 def seed_workload(cluster: Cluster, workload: fleet_mod.Workload) -> None:
@@ -149,18 +178,30 @@ def seed_workload(cluster: Cluster, workload: fleet_mod.Workload) -> None:
     if workload.kind in ("Pod", "MirrorPod"):
         annotations = None
         if workload.kind == "MirrorPod":
-            annotations = {"kubernetes.io/config.mirror": "sim-" + workload.name,
-                           "kubernetes.io/config.source": "file"}
-        pod = objects.pod_from_template(template, name=workload.name,
-                                        namespace=workload.namespace, owner=None,
-                                        node_name=(workload.nodes or [None])[0],
-                                        annotations=annotations)
+            annotations = {
+                "kubernetes.io/config.mirror": "sim-" + workload.name,
+                "kubernetes.io/config.source": "file",
+            }
+        pod = objects.pod_from_template(
+            template,
+            name=workload.name,
+            namespace=workload.namespace,
+            owner=None,
+            node_name=workload.nodes[0] if workload.nodes else None,
+            annotations=annotations,
+        )
         if workload.kind == "MirrorPod":
             node = st.get("nodes", "", workload.nodes[0]) if workload.nodes else None
             if node is not None:
-                pod["metadata"]["ownerReferences"] = [{
-                    "apiVersion": "v1", "kind": "Node", "name": workload.nodes[0],
-                    "uid": node["metadata"]["uid"], "controller": True}]
+                pod["metadata"]["ownerReferences"] = [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "name": workload.nodes[0],
+                        "uid": node["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ]
         _create_running(cluster, pod)
         return
     controller = _controller(workload, template)
@@ -168,7 +209,8 @@ def seed_workload(cluster: Cluster, workload: fleet_mod.Workload) -> None:
     owner = st.create(store_key, controller)
     if controller["kind"] == "DaemonSet":
         placements = workload.nodes or [
-            n["metadata"]["name"] for n in st.iter("nodes")
+            n["metadata"]["name"]
+            for n in st.iter("nodes")
             if _selects(workload.node_selector, n["metadata"].get("labels") or {})
         ]
     else:
@@ -180,11 +222,18 @@ def seed_workload(cluster: Cluster, workload: fleet_mod.Workload) -> None:
             name = workload.pod_names[i]
         else:
             name = f"{workload.name}-{objects.random_suffix()}"
-        pod = objects.pod_from_template(template, name=name, namespace=workload.namespace,
-                                        owner=owner, node_name=node_name or None)
+        pod = objects.pod_from_template(
+            template,
+            name=name,
+            namespace=workload.namespace,
+            owner=owner,
+            node_name=node_name or None,
+        )
         if controller["kind"] == "DaemonSet":
-            pod["spec"]["tolerations"] = [*pod["spec"].get("tolerations", []),
-                                          *DAEMONSET_TOLERATIONS]
+            pod["spec"]["tolerations"] = [
+                *pod["spec"].get("tolerations", []),
+                *DAEMONSET_TOLERATIONS,
+            ]
         if node_name:
             _create_running(cluster, pod)
         else:

@@ -39,8 +39,10 @@ def status_for(argv: list[str], rc: int) -> dict[str, Any]:
     return {
         "metadata": {},
         "status": "Failure",
-        "message": (f"command terminated with non-zero exit code: error executing command "
-                    f"[{' '.join(argv)}], exit code {rc}"),
+        "message": (
+            f"command terminated with non-zero exit code: error executing command "
+            f"[{' '.join(argv)}], exit code {rc}"
+        ),
         "reason": "NonZeroExitCode",
         "details": {"causes": [{"reason": "ExitCode", "message": str(rc)}]},
     }
@@ -126,8 +128,9 @@ async def ls(ctx: Context, args: list[str], emit: Emit) -> int:
                 if f.startswith(prefix)
             }
             if not names and path != "/":
-                await emit(STDERR, f"ls: cannot access '{raw}': No such file or directory\n"
-                           .encode())
+                await emit(
+                    STDERR, f"ls: cannot access '{raw}': No such file or directory\n".encode()
+                )
                 rc = 2
                 continue
         for name in sorted(names):

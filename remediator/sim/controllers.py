@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from typing import Any
 
 from remediator.sim import cluster as cluster_mod
@@ -82,8 +83,9 @@ class Controllers:
                 if name not in names and st.get("pods", ss["metadata"]["namespace"], name) is None:
                     self._create_pod(ss, name)
         for ds in list(st.iter("daemonsets.apps")):
-            covered = {p["spec"].get("nodeName") for p in
-                       pods_by_owner.get(ds["metadata"]["uid"], [])}
+            covered = {
+                p["spec"].get("nodeName") for p in pods_by_owner.get(ds["metadata"]["uid"], [])
+            }
             selector = ds["spec"]["template"].get("spec", {}).get("nodeSelector") or {}
             for node in list(st.iter("nodes")):
                 labels = node["metadata"].get("labels") or {}
@@ -94,12 +96,18 @@ class Controllers:
                 self._create_pod(ds, pod_name, node_name=name)
 
     def _create_pod(self, owner: Obj, name: str, node_name: str | None = None) -> None:
-        pod = objects.pod_from_template(owner["spec"]["template"], name=name,
-                                        namespace=owner["metadata"]["namespace"],
-                                        owner=owner, node_name=node_name)
+        pod = objects.pod_from_template(
+            owner["spec"]["template"],
+            name=name,
+            namespace=owner["metadata"]["namespace"],
+            owner=owner,
+            node_name=node_name,
+        )
         if owner["kind"] == "DaemonSet":
-            pod["spec"]["tolerations"] = [*pod["spec"].get("tolerations", []),
-                                          *cluster_mod.DAEMONSET_TOLERATIONS]
+            pod["spec"]["tolerations"] = [
+                *pod["spec"].get("tolerations", []),
+                *cluster_mod.DAEMONSET_TOLERATIONS,
+            ]
         if node_name:
             objects.mark_scheduled(pod, node_name)
         self.cluster.store.create("pods", pod)
@@ -108,23 +116,35 @@ class Controllers:
 
     def schedule(self) -> None:
         st = self.cluster.store
-        pending = [p for p in st.iter("pods")
-                   if not p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")]
+        pending = [
+            p
+            for p in st.iter("pods")
+            if not p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
+        ]
         for pod in pending:
             node_name, message = self.pick_node(pod)
             meta = pod["metadata"]
             if node_name is not None:
-                st.mutate("pods", meta["namespace"], meta["name"],
-                          lambda p, n=node_name: objects.mark_scheduled(p, n))
+                st.mutate(
+                    "pods",
+                    meta["namespace"],
+                    meta["name"],
+                    functools.partial(objects.mark_scheduled, node_name=node_name),
+                )
                 continue
             conditions = pod.get("status", {}).get("conditions") or []
             if not any(c.get("message") == message for c in conditions):
-                st.mutate("pods", meta["namespace"], meta["name"],
-                          lambda p, m=message: objects.pending_unschedulable(p, m))
+                st.mutate(
+                    "pods",
+                    meta["namespace"],
+                    meta["name"],
+                    functools.partial(objects.pending_unschedulable, message=message),
+                )
 
     def gpus_in_use(self, node_name: str) -> int:
         return sum(
-            objects.gpu_request(p) for p in self.cluster.store.iter("pods")
+            objects.gpu_request(p)
+            for p in self.cluster.store.iter("pods")
             if p["spec"].get("nodeName") == node_name
             and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
         )
@@ -138,16 +158,23 @@ class Controllers:
         for node in nodes:
             name = node["metadata"]["name"]
             taints = node["spec"].get("taints") or []
-            untolerated = [t for t in taints if t.get("effect") in ("NoSchedule", "NoExecute")
-                           and not objects.tolerates(pod, t)]
+            untolerated = [
+                t
+                for t in taints
+                if t.get("effect") in ("NoSchedule", "NoExecute") and not objects.tolerates(pod, t)
+            ]
             free = int(node["status"].get("allocatable", {}).get("nvidia.com/gpu", "0")) - (
-                self.gpus_in_use(name))
+                self.gpus_in_use(name)
+            )
             if node["spec"].get("unschedulable"):
                 reason = "node(s) were unschedulable"
             elif untolerated:
                 t = untolerated[0]
-                reason = (f"node(s) had untolerated taint {{{t['key']}: {t.get('value', '')}}}"
-                          if t.get("value") else f"node(s) had untolerated taint {{{t['key']}: }}")
+                reason = (
+                    f"node(s) had untolerated taint {{{t['key']}: {t.get('value', '')}}}"
+                    if t.get("value")
+                    else f"node(s) had untolerated taint {{{t['key']}: }}"
+                )
             elif not cluster_mod._selects(selector, node["metadata"].get("labels") or {}):
                 reason = "node(s) didn't match Pod's node affinity/selector"
             elif wanted > free:
@@ -159,9 +186,11 @@ class Controllers:
         if fits:
             return sorted(fits)[0][1], ""
         detail = ", ".join(f"{count} {reason}" for reason, count in sorted(reasons.items()))
-        message = (f"0/{len(nodes)} nodes are available: {detail}. preemption: 0/{len(nodes)} "
-                   "nodes are available: "
-                   f"{len(nodes)} Preemption is not helpful for scheduling.")
+        message = (
+            f"0/{len(nodes)} nodes are available: {detail}. preemption: 0/{len(nodes)} "
+            "nodes are available: "
+            f"{len(nodes)} Preemption is not helpful for scheduling."
+        )
         return None, message
 
     # ---- kubelet ----------------------------------------------------------------------
@@ -172,18 +201,26 @@ class Controllers:
         for pod in list(st.iter("pods")):
             meta = pod["metadata"]
             node_name = pod["spec"].get("nodeName")
-            if (not node_name or meta.get("deletionTimestamp")
-                    or pod.get("status", {}).get("phase") != "Pending"):
+            if (
+                not node_name
+                or meta.get("deletionTimestamp")
+                or pod.get("status", {}).get("phase") != "Pending"
+            ):
                 continue
             uid = meta["uid"]
             seen.add(uid)
             due = self.ready_at.setdefault(
-                uid, now + self.cluster.scaled(self.cluster.settings.pod_startup_seconds))
+                uid, now + self.cluster.scaled(self.cluster.settings.pod_startup_seconds)
+            )
             if due <= now:
                 node = st.get("nodes", "", node_name)
                 ip = objects.node_ip(node) if node else "10.0.0.1"
-                st.mutate("pods", meta["namespace"], meta["name"],
-                          lambda p, ip=ip: objects.mark_running(p, ip))
+                st.mutate(
+                    "pods",
+                    meta["namespace"],
+                    meta["name"],
+                    functools.partial(objects.mark_running, host_ip=ip),
+                )
                 self.ready_at.pop(uid, None)
         for uid in set(self.ready_at) - seen:
             del self.ready_at[uid]

@@ -17,13 +17,19 @@ from remediator.sim import errors, objects, selectors, store
 Obj = dict[str, Any]
 PDB = "poddisruptionbudgets.policy"
 BLOCKED = "Cannot evict pod as it would violate the pod's disruption budget."
-MULTIPLE = "This pod has more than one PodDisruptionBudget, which the eviction subresource " \
+MULTIPLE = (
+    "This pod has more than one PodDisruptionBudget, which the eviction subresource "
     "does not support."
+)
 
 
 def install(cluster: cluster_mod.Cluster) -> None:
     def hook(store_key: str, kind: str, obj: Obj) -> None:
-        if store_key == "pods" or (store_key == PDB and kind != "DELETED") or store_key in ("replicasets.apps", "statefulsets.apps"):
+        if (
+            store_key == "pods"
+            or (store_key == PDB and kind != "DELETED")
+            or store_key in ("replicasets.apps", "statefulsets.apps")
+        ):
             refresh(cluster, obj["metadata"].get("namespace"))
 
     cluster.store.hooks.append(hook)
@@ -34,8 +40,11 @@ def matching_pods(cluster: cluster_mod.Cluster, pdb: Obj) -> list[Obj]:
     reqs = selectors.selector_from_label_selector(pdb["spec"].get("selector"))
     if reqs is None:
         return []
-    return [p for p in cluster.store.iter("pods", pdb["metadata"]["namespace"])
-            if selectors.matches_labels(reqs, p["metadata"].get("labels"))]
+    return [
+        p
+        for p in cluster.store.iter("pods", pdb["metadata"]["namespace"])
+        if selectors.matches_labels(reqs, p["metadata"].get("labels"))
+    ]
 
 
 def _scaled(value: int | str, total: int, *, round_up: bool) -> int:
@@ -75,8 +84,9 @@ def compute_status(cluster: cluster_mod.Cluster, pdb: Obj) -> Obj:
         if max_unavailable is not None:
             desired = max(0, expected - _scaled(max_unavailable, expected, round_up=True))
         else:
-            desired = _scaled(min_available if min_available is not None else 1, expected,
-                              round_up=True)
+            desired = _scaled(
+                min_available if min_available is not None else 1, expected, round_up=True
+            )
     allowed = max(0, healthy - desired)
     old = pdb.get("status") or {}
     reason = "SufficientPods" if allowed > 0 else "InsufficientPods"
@@ -126,15 +136,19 @@ def check_eviction(cluster: cluster_mod.Cluster, pod: Obj) -> None:
     if not pdbs:
         return
     if len(pdbs) > 1:
-        raise errors.ApiError(500, f"Internal error occurred: {MULTIPLE}",
-                              details={"causes": [{"message": MULTIPLE}]})
+        raise errors.ApiError(
+            500, f"Internal error occurred: {MULTIPLE}", details={"causes": [{"message": MULTIPLE}]}
+        )
     pdb = pdbs[0]
     status = compute_status(cluster, pdb)
     if not objects.is_ready(pod) and status["currentHealthy"] >= status["desiredHealthy"]:
         return  # IfHealthyBudget: an unhealthy pod may go while the budget is met
     if status["disruptionsAllowed"] <= 0:
-        cause = (f"The disruption budget {pdb['metadata']['name']} needs "
-                 f"{status['desiredHealthy']} healthy pods and has "
-                 f"{status['currentHealthy']} currently")
-        raise errors.ApiError(429, BLOCKED, details={
-            "causes": [{"reason": "DisruptionBudget", "message": cause}]})
+        cause = (
+            f"The disruption budget {pdb['metadata']['name']} needs "
+            f"{status['desiredHealthy']} healthy pods and has "
+            f"{status['currentHealthy']} currently"
+        )
+        raise errors.ApiError(
+            429, BLOCKED, details={"causes": [{"reason": "DisruptionBudget", "message": cause}]}
+        )

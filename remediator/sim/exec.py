@@ -10,20 +10,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+
 import aiohttp
 from aiohttp import web
 
 from remediator.sim import cluster as cluster_mod
 from remediator.sim import commands, errors, faults, spdy
 
-PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io", "v3.channel.k8s.io",
-             "v2.channel.k8s.io", "channel.k8s.io")
+PROTOCOLS = (
+    "v5.channel.k8s.io",
+    "v4.channel.k8s.io",
+    "v3.channel.k8s.io",
+    "v2.channel.k8s.io",
+    "channel.k8s.io",
+)
 STATUS_PROTOCOLS = {"v5.channel.k8s.io", "v4.channel.k8s.io"}
 ERROR_CHANNEL = 3
 
 
-def prepare(cluster: cluster_mod.Cluster, request: web.Request, ns: str,
-            name: str) -> tuple[commands.Context, list[str]]:
+def prepare(
+    cluster: cluster_mod.Cluster, request: web.Request, ns: str, name: str
+) -> tuple[commands.Context, list[str]]:
     """Validate like the apiserver does before upgrading; return the exec context and argv."""
     pod = cluster.store.get("pods", ns, name)
     if pod is None:
@@ -32,33 +39,48 @@ def prepare(cluster: cluster_mod.Cluster, request: web.Request, ns: str,
     container = request.query.get("container")
     if not container:
         if len(containers) != 1:
-            raise errors.ApiError(400, f"a container name must be specified for pod {name}, "
-                                  f"choose one of: [{' '.join(containers)}]")
+            raise errors.ApiError(
+                400,
+                f"a container name must be specified for pod {name}, "
+                f"choose one of: [{' '.join(containers)}]",
+            )
         container = containers[0]
     if container not in containers:
         raise errors.ApiError(400, f"container {container} is not valid for pod {name}")
     if not pod["spec"].get("nodeName"):
         raise errors.ApiError(400, f"pod {name} does not have a host assigned")
     if pod.get("status", {}).get("phase") != "Running":
-        raise errors.ApiError(400, f'unable to upgrade connection: container not found '
-                              f'("{container}")')
+        raise errors.ApiError(
+            400, f'unable to upgrade connection: container not found ("{container}")'
+        )
     argv = request.query.getall("command", [])
     if not argv:
         raise errors.ApiError(400, "you must specify at least 1 command")
     node = pod["spec"]["nodeName"]
     host = cluster.hosts.get(node) if commands.is_driver_pod(pod) else None
     files = cluster.files.setdefault(pod["metadata"]["uid"], {})
-    ctx = commands.Context(pod=pod, container=container, host=host, files=files,
-                           bug_report_seconds=cluster.scaled(
-                               cluster.settings.bug_report_seconds))
+    ctx = commands.Context(
+        pod=pod,
+        container=container,
+        host=host,
+        files=files,
+        bug_report_seconds=cluster.scaled(cluster.settings.bug_report_seconds),
+    )
     return ctx, argv
 
 
-async def handle(request: web.Request, cluster: cluster_mod.Cluster, ns: str,
-                 name: str) -> web.StreamResponse:
+async def handle(
+    request: web.Request, cluster: cluster_mod.Cluster, ns: str, name: str
+) -> web.StreamResponse:
     ctx, argv = prepare(cluster, request, ns, name)
-    record = cluster_mod.ExecRecord(namespace=ns, pod=name, node=ctx.pod["spec"]["nodeName"],
-                                    container=ctx.container, argv=argv, transport="")
+    record = cluster_mod.ExecRecord(
+        namespace=ns,
+        pod=name,
+        node=ctx.pod["spec"]["nodeName"],
+        container=ctx.container,
+        argv=argv,
+        transport="",
+    )
     upgrade = request.headers.get("Upgrade", "").lower()
     if upgrade == "websocket":
         cluster.exec_log.append(record)
@@ -69,8 +91,9 @@ async def handle(request: web.Request, cluster: cluster_mod.Cluster, ns: str,
     raise errors.ApiError(400, "Upgrade request required", reason="BadRequest")
 
 
-async def handle_websocket(request: web.Request, ctx: commands.Context,
-                           record: cluster_mod.ExecRecord) -> web.StreamResponse:
+async def handle_websocket(
+    request: web.Request, ctx: commands.Context, record: cluster_mod.ExecRecord
+) -> web.StreamResponse:
     argv = record.argv
     ws = web.WebSocketResponse(protocols=PROTOCOLS, autoping=True)
     await ws.prepare(request)

@@ -66,8 +66,10 @@ def _rng(app: web.Application) -> random.Random:
 
 def should_drop_websocket(request: web.Request) -> bool:
     rng = _rng(request.app)
-    return any(r.drop_websocket_rate and r.applies(request) and
-               rng.random() < r.drop_websocket_rate for r in current(request.app).rules)
+    return any(
+        r.drop_websocket_rate and r.applies(request) and rng.random() < r.drop_websocket_rate
+        for r in current(request.app).rules
+    )
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -85,13 +87,21 @@ async def middleware(request: web.Request, handler: Handler) -> web.StreamRespon
             await asyncio.sleep(rule.latency_ms / 1000)
         if rule.rate_429 and rng.random() < rule.rate_429:
             raise errors.ApiError(
-                429, "Too many requests, please try again later.",
+                429,
+                "Too many requests, please try again later.",
                 details={"retryAfterSeconds": rule.retry_after_seconds},
-                headers={"Retry-After": str(rule.retry_after_seconds)})
+                headers={"Retry-After": str(rule.retry_after_seconds)},
+            )
         if rule.rate_500 and rng.random() < rule.rate_500:
-            raise errors.ApiError(500, "Internal error occurred: injected fault",
-                                  details={"causes": [{"message": "injected fault"}]})
+            raise errors.ApiError(
+                500,
+                "Internal error occurred: injected fault",
+                details={"causes": [{"message": "injected fault"}]},
+            )
         if rule.rate_503 and rng.random() < rule.rate_503:
-            raise errors.ApiError(503, "The server is currently unable to handle the request",
-                                  headers={"Retry-After": "1"})
+            raise errors.ApiError(
+                503,
+                "The server is currently unable to handle the request",
+                headers={"Retry-After": "1"},
+            )
     return await handler(request)

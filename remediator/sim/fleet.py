@@ -13,12 +13,30 @@ import pydantic
 from remediator.sim import nvidia
 
 GPU_MODELS: dict[str, dict[str, Any]] = {
-    "H100": {"name": "NVIDIA H100 80GB HBM3", "memory_total": 81559, "min_limit": 200.0,
-             "max_limit": 700.0, "default_limit": 700.0, "clock_memory": 2619},
-    "H200": {"name": "NVIDIA H200", "memory_total": 143771, "min_limit": 200.0,
-             "max_limit": 700.0, "default_limit": 700.0, "clock_memory": 3201},
-    "A100": {"name": "NVIDIA A100-SXM4-80GB", "memory_total": 81920, "min_limit": 100.0,
-             "max_limit": 400.0, "default_limit": 400.0, "clock_memory": 1593},
+    "H100": {
+        "name": "NVIDIA H100 80GB HBM3",
+        "memory_total": 81559,
+        "min_limit": 200.0,
+        "max_limit": 700.0,
+        "default_limit": 700.0,
+        "clock_memory": 2619,
+    },
+    "H200": {
+        "name": "NVIDIA H200",
+        "memory_total": 143771,
+        "min_limit": 200.0,
+        "max_limit": 700.0,
+        "default_limit": 700.0,
+        "clock_memory": 3201,
+    },
+    "A100": {
+        "name": "NVIDIA A100-SXM4-80GB",
+        "memory_total": 81920,
+        "min_limit": 100.0,
+        "max_limit": 400.0,
+        "default_limit": 400.0,
+        "clock_memory": 1593,
+    },
 }
 
 

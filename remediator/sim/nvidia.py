@@ -114,8 +114,14 @@ class Args:
 
 
 _VALUE_OPTS = {
-    "-i": "ids", "--id": "ids", "--query-gpu": "query_gpu", "--format": "fmt",
-    "-pl": "power_limit", "--power-limit": "power_limit", "-d": "", "--display": "",
+    "-i": "ids",
+    "--id": "ids",
+    "--query-gpu": "query_gpu",
+    "--format": "fmt",
+    "-pl": "power_limit",
+    "--power-limit": "power_limit",
+    "-d": "",
+    "--display": "",
 }
 
 
@@ -137,7 +143,9 @@ def parse_args(argv: list[str]) -> Args:
         elif item in ("-q", "--query"):
             args.query = True
         else:
-            args.error = 'Invalid combination of input arguments. Please run "nvidia-smi -h" for help.'
+            args.error = (
+                'Invalid combination of input arguments. Please run "nvidia-smi -h" for help.'
+            )
             return args
     return args
 
@@ -199,7 +207,9 @@ def set_power_limit(gpus: list[Gpu], raw: str) -> Result:
     return out + "All done.\n", "", RC_OK
 
 
-_RULE = "+-----------------------------------------+------------------------+----------------------+"
+_RULE = (
+    "+-----------------------------------------+------------------------+----------------------+"
+)
 _WIDE = "+" + "-" * 89 + "+"
 _HEAD = [
     "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",

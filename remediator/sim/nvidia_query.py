@@ -25,7 +25,9 @@ FIELDS: dict[str, Field] = {
     "driver_version": ("driver_version", "", lambda h, g: h.driver_version),
     "vbios_version": ("vbios_version", "", lambda h, g: g.vbios),
     "persistence_mode": (
-        "persistence_mode", "", lambda h, g: "Enabled" if g.persistence_mode else "Disabled"
+        "persistence_mode",
+        "",
+        lambda h, g: "Enabled" if g.persistence_mode else "Disabled",
     ),
     "temperature.gpu": ("temperature.gpu", "", lambda h, g: str(g.temperature)),
     "temperature.memory": ("temperature.memory", "", lambda h, g: str(g.memory_temperature)),
@@ -43,17 +45,23 @@ FIELDS: dict[str, Field] = {
     "memory.reserved": ("memory.reserved", "MiB", lambda h, g: str(g.memory_reserved)),
     "ecc.mode.current": ("ecc.mode.current", "", lambda h, g: g.ecc_mode),
     "ecc.errors.corrected.volatile.total": (
-        "ecc.errors.corrected.volatile.total", "", lambda h, g: str(g.ecc_corrected_volatile)
+        "ecc.errors.corrected.volatile.total",
+        "",
+        lambda h, g: str(g.ecc_corrected_volatile),
     ),
     "ecc.errors.uncorrected.volatile.total": (
-        "ecc.errors.uncorrected.volatile.total", "",
+        "ecc.errors.uncorrected.volatile.total",
+        "",
         lambda h, g: str(g.ecc_uncorrected_volatile),
     ),
     "ecc.errors.corrected.aggregate.total": (
-        "ecc.errors.corrected.aggregate.total", "", lambda h, g: str(g.ecc_corrected_aggregate)
+        "ecc.errors.corrected.aggregate.total",
+        "",
+        lambda h, g: str(g.ecc_corrected_aggregate),
     ),
     "ecc.errors.uncorrected.aggregate.total": (
-        "ecc.errors.uncorrected.aggregate.total", "",
+        "ecc.errors.uncorrected.aggregate.total",
+        "",
         lambda h, g: str(g.ecc_uncorrected_aggregate),
     ),
     "pstate": ("pstate", "", lambda h, g: g.pstate),
@@ -67,16 +75,24 @@ FIELDS: dict[str, Field] = {
     "pcie.link.width.current": ("pcie.link.width.current", "", lambda h, g: "16"),
     "pcie.link.width.max": ("pcie.link.width.max", "", lambda h, g: "16"),
     "clocks_event_reasons.active": (
-        "clocks_event_reasons.active", "", lambda h, g: "0x0000000000000001"
+        "clocks_event_reasons.active",
+        "",
+        lambda h, g: "0x0000000000000001",
     ),
     "clocks_throttle_reasons.active": (
-        "clocks_event_reasons.active", "", lambda h, g: "0x0000000000000001"
+        "clocks_event_reasons.active",
+        "",
+        lambda h, g: "0x0000000000000001",
     ),
     "compute_mode": ("compute_mode", "", lambda h, g: "Default"),
 }
 ALIASES = {
-    "gpu_name": "name", "gpu_serial": "serial", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
-    "persistence-mode": "persistence_mode", "enforced.power.limit": "enforced.power.limit",
+    "gpu_name": "name",
+    "gpu_serial": "serial",
+    "gpu_uuid": "uuid",
+    "gpu_bus_id": "pci.bus_id",
+    "persistence-mode": "persistence_mode",
+    "enforced.power.limit": "enforced.power.limit",
 }
 
 
@@ -125,7 +141,9 @@ def _gpu_block(gpu: Gpu) -> list[str]:
         _kv(1, "Product Brand", "NVIDIA"),
         _kv(1, "Product Architecture", "Hopper"),
         _kv(1, "Persistence Mode", "Enabled" if gpu.persistence_mode else "Disabled"),
-        _kv(1, "MIG Mode"), _kv(2, "Current", "Disabled"), _kv(2, "Pending", "Disabled"),
+        _kv(1, "MIG Mode"),
+        _kv(2, "Current", "Disabled"),
+        _kv(2, "Pending", "Disabled"),
         _kv(1, "Serial Number", gpu.serial),
         _kv(1, "GPU UUID", gpu.uuid),
         _kv(1, "Minor Number", str(gpu.index)),
@@ -146,7 +164,9 @@ def _gpu_block(gpu: Gpu) -> list[str]:
         _kv(1, "Utilization"),
         _kv(2, "GPU", f"{gpu.utilization_gpu} %"),
         _kv(2, "Memory", f"{gpu.utilization_memory} %"),
-        _kv(1, "ECC Mode"), _kv(2, "Current", gpu.ecc_mode), _kv(2, "Pending", gpu.ecc_mode),
+        _kv(1, "ECC Mode"),
+        _kv(2, "Current", gpu.ecc_mode),
+        _kv(2, "Pending", gpu.ecc_mode),
         _kv(1, "ECC Errors"),
         _kv(2, "Volatile"),
         _kv(3, "DRAM Correctable", str(gpu.ecc_corrected_volatile)),

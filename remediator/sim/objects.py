@@ -44,8 +44,12 @@ def node(
     if unschedulable:
         spec["unschedulable"] = True
     conditions = [
-        ("MemoryPressure", "False", "KubeletHasSufficientMemory",
-         "kubelet has sufficient memory available"),
+        (
+            "MemoryPressure",
+            "False",
+            "KubeletHasSufficientMemory",
+            "kubelet has sufficient memory available",
+        ),
         ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
         ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
         ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
@@ -56,27 +60,41 @@ def node(
         "metadata": {
             "name": name,
             "labels": {**base_labels, **labels},
-            "annotations": {"node.alpha.kubernetes.io/ttl": "0",
-                            "volumes.kubernetes.io/controller-managed-attach-detach": "true"},
+            "annotations": {
+                "node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+            },
         },
         "spec": spec,
         "status": {
             "capacity": dict(allocatable),
             "allocatable": dict(allocatable),
             "conditions": [
-                {"type": t, "status": s, "reason": r, "message": m,
-                 "lastHeartbeatTime": now, "lastTransitionTime": now}
+                {
+                    "type": t,
+                    "status": s,
+                    "reason": r,
+                    "message": m,
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
                 for t, s, r, m in conditions
             ],
-            "addresses": [{"type": "InternalIP", "address": _ip(name, "10.0")},
-                          {"type": "Hostname", "address": name}],
+            "addresses": [
+                {"type": "InternalIP", "address": _ip(name, "10.0")},
+                {"type": "Hostname", "address": name},
+            ],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             "nodeInfo": {
-                "architecture": "amd64", "bootID": hashlib.md5(name.encode()).hexdigest(),  # noqa: S324
+                "architecture": "amd64",
+                "bootID": hashlib.md5(name.encode()).hexdigest(),  # noqa: S324
                 "containerRuntimeVersion": "containerd://1.7.13",
-                "kernelVersion": "5.15.0-105-generic", "kubeProxyVersion": "v1.29.0",
-                "kubeletVersion": "v1.29.0", "machineID": hashlib.md5(name.encode()).hexdigest(),  # noqa: S324
-                "operatingSystem": "linux", "osImage": "Ubuntu 22.04.4 LTS",
+                "kernelVersion": "5.15.0-105-generic",
+                "kubeProxyVersion": "v1.29.0",
+                "kubeletVersion": "v1.29.0",
+                "machineID": hashlib.md5(name.encode()).hexdigest(),  # noqa: S324
+                "operatingSystem": "linux",
+                "osImage": "Ubuntu 22.04.4 LTS",
                 "systemUUID": hashlib.md5(b"uuid" + name.encode()).hexdigest(),  # noqa: S324
             },
         },
@@ -139,11 +157,16 @@ def pending_unschedulable(pod: Obj, message: str) -> None:
     pod["status"] = {
         "phase": "Pending",
         "qosClass": pod.get("status", {}).get("qosClass", "BestEffort"),
-        "conditions": [{
-            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-            "message": message, "lastProbeTime": None,
-            "lastTransitionTime": store.timestamp(),
-        }],
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+                "lastProbeTime": None,
+                "lastTransitionTime": store.timestamp(),
+            }
+        ],
     }
 
 
@@ -153,8 +176,14 @@ def mark_scheduled(pod: Obj, node_name: str) -> None:
     pod["status"] = {
         "phase": "Pending",
         "qosClass": pod.get("status", {}).get("qosClass", "BestEffort"),
-        "conditions": [{"type": "PodScheduled", "status": "True", "lastProbeTime": None,
-                        "lastTransitionTime": now}],
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "True",
+                "lastProbeTime": None,
+                "lastTransitionTime": now,
+            }
+        ],
     }
 
 
@@ -167,13 +196,18 @@ def mark_running(pod: Obj, host_ip: str) -> None:
     name = pod["metadata"]["name"]
     statuses = [
         {
-            "name": c["name"], "image": c.get("image", ""),
-            "imageID": c.get("image", "") + "@sha256:" + hashlib.sha256(
-                c.get("image", "").encode()).hexdigest(),
-            "containerID": "containerd://" + hashlib.sha256(
-                (name + c["name"] + now).encode()).hexdigest(),
-            "ready": True, "restartCount": 0, "started": True,
-            "state": {"running": {"startedAt": now}}, "lastState": {},
+            "name": c["name"],
+            "image": c.get("image", ""),
+            "imageID": c.get("image", "")
+            + "@sha256:"
+            + hashlib.sha256(c.get("image", "").encode()).hexdigest(),
+            "containerID": "containerd://"
+            + hashlib.sha256((name + c["name"] + now).encode()).hexdigest(),
+            "ready": True,
+            "restartCount": 0,
+            "started": True,
+            "state": {"running": {"startedAt": now}},
+            "lastState": {},
         }
         for c in pod["spec"].get("containers", [])
     ]

@@ -107,13 +107,13 @@ def _walk(doc: Any, tokens: list[str]) -> Any:
     return cur
 
 
-def _index(seq: list[Any], token: str, *, allow_end: bool) -> int:
-    if token == "-" and allow_end:
+def _index(seq: list[Any], part: str, *, allow_end: bool) -> int:
+    if part == "-" and allow_end:
         return len(seq)
     try:
-        idx = int(token)
+        idx = int(part)
     except ValueError as e:
-        raise errors.ApiError(422, f"invalid array index {token!r}", reason="Invalid") from e
+        raise errors.ApiError(422, f"invalid array index {part!r}", reason="Invalid") from e
     limit = len(seq) if allow_end else len(seq) - 1
     if idx < 0 or idx > limit:
         raise errors.ApiError(422, f"array index {idx} out of bounds", reason="Invalid")
@@ -174,9 +174,7 @@ def json_patch(target: dict[str, Any], ops: list[Any]) -> Any:
             doc = _add(doc, tokens, value)
         elif kind == "test":
             if _walk(doc, tokens) != op.get("value"):
-                raise errors.ApiError(
-                    422, f"testing value {op['path']} failed", reason="Invalid"
-                )
+                raise errors.ApiError(422, f"testing value {op['path']} failed", reason="Invalid")
         else:
             raise errors.ApiError(422, f"unknown JSON patch op {kind!r}", reason="Invalid")
     return doc
@@ -218,22 +216,29 @@ def strategic_merge(target: Any, patch: Any) -> Any:
     return result
 
 
-def _merge_list(current: Any, patch: list[Any], field: str) -> list[Any]:
-    current = copy.deepcopy(current) if isinstance(current, list) else []
+def _merge_list(existing: Any, patch: list[Any], field: str) -> list[Any]:
+    current: list[Any] = copy.deepcopy(existing) if isinstance(existing, list) else []
     merge_key = MERGE_KEYS[field]
     if field in PRIMITIVE_MERGE_LISTS:
         return current + [v for v in patch if v not in current]
     if not merge_key:
         return [_strip_directives(v) for v in patch]
     if any(isinstance(i, dict) and i.get("$patch") == "replace" for i in patch):
-        return [_strip_directives(i) for i in patch if i.get("$patch") != "replace"]
+        return [
+            _strip_directives(i)
+            for i in patch
+            if not (isinstance(i, dict) and i.get("$patch") == "replace")
+        ]
     for item in patch:
         if not isinstance(item, dict):
             continue
         key_value = item.get(merge_key)
         idx = next(
-            (i for i, c in enumerate(current)
-             if isinstance(c, dict) and c.get(merge_key) == key_value),
+            (
+                i
+                for i, c in enumerate(current)
+                if isinstance(c, dict) and c.get(merge_key) == key_value
+            ),
             None,
         )
         if item.get("$patch") == "delete":

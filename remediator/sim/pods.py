@@ -16,8 +16,9 @@ Obj = dict[str, Any]
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(text=json.dumps(body, separators=(",", ":")), status=status,
-                        content_type="application/json")
+    return web.Response(
+        text=json.dumps(body, separators=(",", ":")), status=status, content_type="application/json"
+    )
 
 
 def prepare_new_pod(pod: Obj) -> None:
@@ -34,19 +35,26 @@ def check_preconditions(obj: Obj, options: Obj, res: resources.Resource) -> None
     name = meta["name"]
     if pre.get("uid") and pre["uid"] != meta.get("uid"):
         raise errors.ApiError(
-            409, f"Precondition failed: UID in precondition: {pre['uid']}, UID in object "
-            f"meta: {meta.get('uid')}", reason="Conflict",
-            details={"name": name, "kind": res.name})
+            409,
+            f"Precondition failed: UID in precondition: {pre['uid']}, UID in object "
+            f"meta: {meta.get('uid')}",
+            reason="Conflict",
+            details={"name": name, "kind": res.name},
+        )
     if pre.get("resourceVersion") and pre["resourceVersion"] != meta.get("resourceVersion"):
         raise errors.ApiError(
-            409, f"Precondition failed: ResourceVersion in precondition: "
+            409,
+            f"Precondition failed: ResourceVersion in precondition: "
             f"{pre['resourceVersion']}, ResourceVersion in object meta: "
-            f"{meta.get('resourceVersion')}", reason="Conflict",
-            details={"name": name, "kind": res.name})
+            f"{meta.get('resourceVersion')}",
+            reason="Conflict",
+            details={"name": name, "kind": res.name},
+        )
 
 
-def delete_pod(cluster: cluster_mod.Cluster, ns: str, name: str, options: Obj, *,
-               dry_run: bool) -> Obj:
+def delete_pod(
+    cluster: cluster_mod.Cluster, ns: str, name: str, options: Obj, *, dry_run: bool
+) -> Obj:
     """Graceful deletion: set deletionTimestamp; the controller loop removes it later."""
     st = cluster.store
     pod = st.must_get("pods", ns, name)
@@ -54,8 +62,9 @@ def delete_pod(cluster: cluster_mod.Cluster, ns: str, name: str, options: Obj, *
     grace = options.get("gracePeriodSeconds")
     if grace is None:
         default = cluster.settings.default_grace_seconds
-        grace = default if default is not None else pod["spec"].get(
-            "terminationGracePeriodSeconds", 30)
+        grace = (
+            default if default is not None else pod["spec"].get("terminationGracePeriodSeconds", 30)
+        )
     grace = max(0, int(grace))
     if dry_run:
         return pod
@@ -70,8 +79,9 @@ def delete_pod(cluster: cluster_mod.Cluster, ns: str, name: str, options: Obj, *
     return obj
 
 
-async def evict(request: web.Request, cluster: cluster_mod.Cluster, ns: str,
-                name: str) -> web.Response:
+async def evict(
+    request: web.Request, cluster: cluster_mod.Cluster, ns: str, name: str
+) -> web.Response:
     raw = await request.read()
     try:
         body = json.loads(raw or b"{}")
@@ -79,24 +89,31 @@ async def evict(request: web.Request, cluster: cluster_mod.Cluster, ns: str,
         raise errors.ApiError(400, f"invalid JSON body: {e}") from e
     body_name = (body.get("metadata") or {}).get("name")
     if body_name and body_name != name:
-        raise errors.ApiError(400, "name in URL does not match name in Eviction object",
-                              reason="BadRequest")
+        raise errors.ApiError(
+            400, "name in URL does not match name in Eviction object", reason="BadRequest"
+        )
     pod = cluster.store.get("pods", ns, name)
     if pod is None:
         raise errors.not_found("pods", name)
     options = body.get("deleteOptions") or {}
     check_preconditions(pod, options, resources.find("", "v1", "pods"))  # type: ignore[arg-type]
     disruption.check_eviction(cluster, pod)
-    dry_run = "All" in request.query.getall("dryRun", []) or "All" in (
-        options.get("dryRun") or [])
+    dry_run = "All" in request.query.getall("dryRun", []) or "All" in (options.get("dryRun") or [])
     delete_pod(cluster, ns, name, options, dry_run=dry_run)
-    return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                  "code": 201}, 201)
+    return _json(
+        {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
+        201,
+    )
 
 
-async def subresource(request: web.Request, cluster: cluster_mod.Cluster,
-                      res: resources.Resource, ns: str | None, name: str,
-                      sub: str) -> web.StreamResponse:
+async def subresource(
+    request: web.Request,
+    cluster: cluster_mod.Cluster,
+    res: resources.Resource,
+    ns: str | None,
+    name: str,
+    sub: str,
+) -> web.StreamResponse:
     from remediator.sim import api
     from remediator.sim import exec as exec_mod
 
@@ -119,8 +136,15 @@ async def subresource(request: web.Request, cluster: cluster_mod.Cluster,
             return _json(api._serve(obj, res))
         if request.method == "PATCH":
             patch = await api._body(request)
-            obj = api.apply_patch(cluster, res, namespace, name, patch,
-                                  request.headers.get("Content-Type", ""), status=True,
-                                  dry_run=dry_run)
+            obj = api.apply_patch(
+                cluster,
+                res,
+                namespace,
+                name,
+                patch,
+                request.headers.get("Content-Type", ""),
+                status=True,
+                dry_run=dry_run,
+            )
             return _json(api._serve(obj, res))
     raise api.not_found_path()

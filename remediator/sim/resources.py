@@ -67,10 +67,23 @@ RESOURCES: list[Resource] = [
     _r("statefulsets", "StatefulSet", "apps", "v1", short=("sts",), generation=True),
     _r("daemonsets", "DaemonSet", "apps", "v1", short=("ds",), generation=True),
     _r("deployments", "Deployment", "apps", "v1", short=("deploy",), generation=True),
-    _r("poddisruptionbudgets", "PodDisruptionBudget", "policy", "v1", short=("pdb",),
-       generation=True),
-    _r("poddisruptionbudgets", "PodDisruptionBudget", "policy", "v1beta1", short=("pdb",),
-       store_key="poddisruptionbudgets.policy", generation=True),
+    _r(
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        "policy",
+        "v1",
+        short=("pdb",),
+        generation=True,
+    ),
+    _r(
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        "policy",
+        "v1beta1",
+        short=("pdb",),
+        store_key="poddisruptionbudgets.policy",
+        generation=True,
+    ),
     _r("leases", "Lease", "coordination.k8s.io", "v1"),
     _r("events", "Event", "events.k8s.io", "v1", short=("ev",)),
 ]
@@ -117,27 +130,61 @@ def resource_list(group: str, version: str) -> dict[str, Any] | None:
         return None
     if (group, version) == ("", "v1"):
         entries.extend(_pod_subresources())
-        entries.append({"name": "nodes/status", "singularName": "", "namespaced": False,
-                        "kind": "Node", "verbs": ["get", "patch", "update"]})
+        entries.append(
+            {
+                "name": "nodes/status",
+                "singularName": "",
+                "namespaced": False,
+                "kind": "Node",
+                "verbs": ["get", "patch", "update"],
+            }
+        )
     if (group, version) == ("policy", "v1"):
-        entries.append({"name": "poddisruptionbudgets/status", "singularName": "",
-                        "namespaced": True, "kind": "PodDisruptionBudget",
-                        "verbs": ["get", "patch", "update"]})
+        entries.append(
+            {
+                "name": "poddisruptionbudgets/status",
+                "singularName": "",
+                "namespaced": True,
+                "kind": "PodDisruptionBudget",
+                "verbs": ["get", "patch", "update"],
+            }
+        )
     gv = f"{group}/{version}" if group else version
-    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
-            "resources": entries}
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": entries}
 
 
 def _pod_subresources() -> list[dict[str, Any]]:
     return [
-        {"name": "pods/eviction", "singularName": "", "namespaced": True, "group": "policy",
-         "version": "v1", "kind": "Eviction", "verbs": ["create"]},
-        {"name": "pods/exec", "singularName": "", "namespaced": True, "kind": "PodExecOptions",
-         "verbs": ["create", "get"]},
-        {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod",
-         "verbs": ["get"]},
-        {"name": "pods/status", "singularName": "", "namespaced": True, "kind": "Pod",
-         "verbs": ["get", "patch", "update"]},
+        {
+            "name": "pods/eviction",
+            "singularName": "",
+            "namespaced": True,
+            "group": "policy",
+            "version": "v1",
+            "kind": "Eviction",
+            "verbs": ["create"],
+        },
+        {
+            "name": "pods/exec",
+            "singularName": "",
+            "namespaced": True,
+            "kind": "PodExecOptions",
+            "verbs": ["create", "get"],
+        },
+        {
+            "name": "pods/log",
+            "singularName": "",
+            "namespaced": True,
+            "kind": "Pod",
+            "verbs": ["get"],
+        },
+        {
+            "name": "pods/status",
+            "singularName": "",
+            "namespaced": True,
+            "kind": "Pod",
+            "verbs": ["get", "patch", "update"],
+        },
     ]
 
 
@@ -145,8 +192,9 @@ def api_versions(server_address: str) -> dict[str, Any]:
     return {
         "kind": "APIVersions",
         "versions": ["v1"],
-        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0",
-                                        "serverAddress": server_address}],
+        "serverAddressByClientCIDRs": [
+            {"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}
+        ],
     }
 
 
@@ -156,8 +204,11 @@ def api_group(name: str) -> dict[str, Any]:
 
 
 def api_group_list() -> dict[str, Any]:
-    return {"kind": "APIGroupList", "apiVersion": "v1",
-            "groups": [api_group(name) for name in GROUP_VERSIONS]}
+    return {
+        "kind": "APIGroupList",
+        "apiVersion": "v1",
+        "groups": [api_group(name) for name in GROUP_VERSIONS],
+    }
 
 
 VERSION_INFO = {

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from remediator.sim import admin, api, controllers, disruption, errors, faults
+from remediator.sim import admin, api, controllers, discovery, disruption, errors, faults
 from remediator.sim import cluster as cluster_mod
 from remediator.sim import fleet as fleet_mod
 
@@ -21,8 +21,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _status_response(error: errors.ApiError) -> web.Response:
-    return web.Response(text=json.dumps(error.body), status=error.code,
-                        content_type="application/json", headers=error.headers)
+    return web.Response(
+        text=json.dumps(error.body),
+        status=error.code,
+        content_type="application/json",
+        headers=error.headers,
+    )
 
 
 @web.middleware
@@ -34,9 +38,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPNotFound:
         return _status_response(api.not_found_path())
     except web.HTTPMethodNotAllowed:
-        return _status_response(errors.ApiError(
-            405, f"the server does not allow this method on the requested resource "
-            f"({request.method})", reason="MethodNotAllowed"))
+        return _status_response(
+            errors.ApiError(
+                405,
+                f"the server does not allow this method on the requested resource "
+                f"({request.method})",
+                reason="MethodNotAllowed",
+            )
+        )
     except web.HTTPException:
         raise
     except Exception:
@@ -53,12 +62,14 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
-def create_app(fleet: fleet_mod.Fleet, *, token: str,
-               time_scale: float | None = None) -> web.Application:
+def create_app(
+    fleet: fleet_mod.Fleet, *, token: str, time_scale: float | None = None
+) -> web.Application:
     """Build the simulator for ``fleet``; every request needs ``Authorization: Bearer token``."""
     if time_scale is not None:
-        fleet = fleet.model_copy(update={
-            "settings": fleet.settings.model_copy(update={"time_scale": time_scale})})
+        fleet = fleet.model_copy(
+            update={"settings": fleet.settings.model_copy(update={"time_scale": time_scale})}
+        )
     app = web.Application(middlewares=[error_middleware, auth_middleware, faults.middleware])
     cluster = cluster_mod.Cluster(fleet)
     disruption.install(cluster)
@@ -67,17 +78,17 @@ def create_app(fleet: fleet_mod.Fleet, *, token: str,
     app[faults.FAULTS] = faults.State()
     admin.add_routes(app)
     router = app.router
-    router.add_get("/version", api.version)
-    router.add_get("/version/", api.version)
-    router.add_get("/healthz", api.healthz)
-    router.add_get("/livez", api.healthz)
-    router.add_get("/readyz", api.healthz)
+    router.add_get("/version", discovery.version)
+    router.add_get("/version/", discovery.version)
+    router.add_get("/healthz", discovery.healthz)
+    router.add_get("/livez", discovery.healthz)
+    router.add_get("/readyz", discovery.healthz)
     for slash in ("", "/"):  # clients ask for both /api/v1 and /api/v1/
-        router.add_get("/api" + slash, api.core_versions)
-        router.add_get("/apis" + slash, api.group_list)
-        router.add_get("/api/{version}" + slash, api.resource_list)
-        router.add_get("/apis/{group}" + slash, api.group)
-        router.add_get("/apis/{group}/{version}" + slash, api.resource_list)
+        router.add_get("/api" + slash, discovery.core_versions)
+        router.add_get("/apis" + slash, discovery.group_list)
+        router.add_get("/api/{version}" + slash, discovery.resource_list)
+        router.add_get("/apis/{group}" + slash, discovery.group)
+        router.add_get("/apis/{group}/{version}" + slash, discovery.resource_list)
     router.add_route("*", "/api/{tail:.+}", api.dispatch)
     router.add_route("*", "/apis/{tail:.+}", api.dispatch)
     app.cleanup_ctx.append(_run_controllers)

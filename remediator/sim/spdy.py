@@ -18,6 +18,7 @@ import contextlib
 import json
 import struct
 import zlib
+
 from aiohttp import web
 
 from remediator.sim import cluster as cluster_mod
@@ -27,16 +28,72 @@ SYN_STREAM, SYN_REPLY, RST_STREAM, SETTINGS, PING, GOAWAY = 1, 2, 3, 4, 6, 7
 FLAG_FIN = 0x01
 PROTOCOLS = ("v4.channel.k8s.io", "v3.channel.k8s.io", "v2.channel.k8s.io", "channel.k8s.io")
 _WORDS = (
-    "options head post put delete trace accept accept-charset accept-encoding accept-language "
-    "accept-ranges age allow authorization cache-control connection content-base "
-    "content-encoding content-language content-length content-location content-md5 "
-    "content-range content-type date etag expect expires from host if-match "
-    "if-modified-since if-none-match if-range if-unmodified-since last-modified location "
-    "max-forwards pragma proxy-authenticate proxy-authorization range referer retry-after "
-    "server te trailer transfer-encoding upgrade user-agent vary via warning www-authenticate "
-    "method get status"
-).split() + ["200 OK", "version", "HTTP/1.1", "url", "public", "set-cookie", "keep-alive",
-             "origin"]
+    "options",
+    "head",
+    "post",
+    "put",
+    "delete",
+    "trace",
+    "accept",
+    "accept-charset",
+    "accept-encoding",
+    "accept-language",
+    "accept-ranges",
+    "age",
+    "allow",
+    "authorization",
+    "cache-control",
+    "connection",
+    "content-base",
+    "content-encoding",
+    "content-language",
+    "content-length",
+    "content-location",
+    "content-md5",
+    "content-range",
+    "content-type",
+    "date",
+    "etag",
+    "expect",
+    "expires",
+    "from",
+    "host",
+    "if-match",
+    "if-modified-since",
+    "if-none-match",
+    "if-range",
+    "if-unmodified-since",
+    "last-modified",
+    "location",
+    "max-forwards",
+    "pragma",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "range",
+    "referer",
+    "retry-after",
+    "server",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "user-agent",
+    "vary",
+    "via",
+    "warning",
+    "www-authenticate",
+    "method",
+    "get",
+    "status",
+    "200 OK",
+    "version",
+    "HTTP/1.1",
+    "url",
+    "public",
+    "set-cookie",
+    "keep-alive",
+    "origin",
+)
 _TAIL = (
     b"100101201202205206300302303304305306307402405406407408409410411412413414415416417502504"
     b"505203 Non-Authoritative Information204 No Content301 Moved Permanently400 Bad Request"
@@ -47,7 +104,7 @@ _TAIL = (
     b"gzip,deflate,sdchcharset=utf-8charset=iso-8859-1,utf-,*,enq=0."
 )
 DICTIONARY = b"".join(struct.pack(">I", len(w)) + w.encode() for w in _WORDS) + _TAIL
-assert len(DICTIONARY) == 1423  # noqa: S101 - the SPDY/3 dictionary, DICTID 0xe3c6a7c2
+assert len(DICTIONARY) == 1423
 
 
 class Session:
@@ -155,17 +212,28 @@ def _wanted_streams(request: web.Request) -> set[str]:
     return wanted
 
 
-async def handle(request: web.Request, ctx: commands.Context,
-                 record: cluster_mod.ExecRecord) -> web.StreamResponse:
-    offered = [p.strip() for value in request.headers.getall("X-Stream-Protocol-Version", [])
-               for p in value.split(",")]
+async def handle(
+    request: web.Request, ctx: commands.Context, record: cluster_mod.ExecRecord
+) -> web.StreamResponse:
+    offered = [
+        p.strip()
+        for value in request.headers.getall("X-Stream-Protocol-Version", [])
+        for p in value.split(",")
+    ]
     protocol = next((p for p in PROTOCOLS if p in offered), "channel.k8s.io")
     record.transport = f"spdy:{protocol}"
     session = Session(request.transport)
     request.protocol.set_parser(session)  # type: ignore[arg-type]
     request.protocol.keep_alive(False)
-    response = web.StreamResponse(status=101, reason="Switching Protocols", headers={
-        "Connection": "Upgrade", "Upgrade": "SPDY/3.1", "X-Stream-Protocol-Version": protocol})
+    response = web.StreamResponse(
+        status=101,
+        reason="Switching Protocols",
+        headers={
+            "Connection": "Upgrade",
+            "Upgrade": "SPDY/3.1",
+            "X-Stream-Protocol-Version": protocol,
+        },
+    )
     writer = await response.prepare(request)
     send_headers = getattr(writer, "send_headers", None)
     if send_headers is not None:
@@ -181,8 +249,9 @@ async def handle(request: web.Request, ctx: commands.Context,
     return response
 
 
-async def _run(session: Session, ctx: commands.Context, record: cluster_mod.ExecRecord,
-               protocol: str) -> None:
+async def _run(
+    session: Session, ctx: commands.Context, record: cluster_mod.ExecRecord, protocol: str
+) -> None:
     argv = record.argv
 
     async def emit(channel: int, data: bytes) -> None:
@@ -206,4 +275,3 @@ async def _run(session: Session, ctx: commands.Context, record: cluster_mod.Exec
     else:
         session.send_data("error", status.get("message", "").encode(), fin=True)
     session.goaway()
-

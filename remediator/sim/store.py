@@ -137,8 +137,7 @@ class Store:
         wanted = meta.get("resourceVersion")
         if check_rv and wanted and wanted != old["metadata"]["resourceVersion"]:
             raise errors.conflict(res.name, name, group=res.group)
-        for key in ("uid", "creationTimestamp", "deletionTimestamp",
-                    "deletionGracePeriodSeconds"):
+        for key in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"):
             if key in old["metadata"]:
                 meta[key] = old["metadata"][key]
             else:
@@ -192,8 +191,13 @@ class Store:
     # ---- watching --------------------------------------------------------------------
 
     def _emit(self, store_key: str, kind: str, obj: Obj, old: Obj | None) -> None:
-        change = Change(int(obj["metadata"]["resourceVersion"]), store_key, kind,
-                        copy.deepcopy(obj), copy.deepcopy(old) if old is not None else None)
+        change = Change(
+            int(obj["metadata"]["resourceVersion"]),
+            store_key,
+            kind,
+            copy.deepcopy(obj),
+            copy.deepcopy(old) if old is not None else None,
+        )
         self.history.append(change)
         for watcher in list(self.watchers):
             if watcher.wants(change):

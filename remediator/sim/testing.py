@@ -36,8 +36,10 @@ def ca_cert_pem() -> bytes:
 
 def server_ssl_context() -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    with importlib.resources.as_file(TLS_DIR.joinpath("cert.pem")) as cert, \
-            importlib.resources.as_file(TLS_DIR.joinpath("key.pem")) as key:
+    with (
+        importlib.resources.as_file(TLS_DIR.joinpath("cert.pem")) as cert,
+        importlib.resources.as_file(TLS_DIR.joinpath("key.pem")) as key,
+    ):
         context.load_cert_chain(cert, key)
     return context
 
@@ -51,8 +53,12 @@ def kubeconfig(url: str, token: str, *, namespace: str = "default") -> dict[str,
         "kind": "Config",
         "clusters": [{"name": CONTEXT, "cluster": cluster}],
         "users": [{"name": CONTEXT, "user": {"token": token}}],
-        "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": CONTEXT,
-                                                   "namespace": namespace}}],
+        "contexts": [
+            {
+                "name": CONTEXT,
+                "context": {"cluster": CONTEXT, "user": CONTEXT, "namespace": namespace},
+            }
+        ],
         "current-context": CONTEXT,
         "preferences": {},
     }
@@ -101,10 +107,14 @@ class RunningSim:
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.store.get("pods", namespace, name)
 
-    def pods(self, *, node: str | None = None, namespace: str | None = None) -> list[
-            dict[str, Any]]:
-        return [p for p in self.store.list("pods", namespace)
-                if node is None or p["spec"].get("nodeName") == node]
+    def pods(
+        self, *, node: str | None = None, namespace: str | None = None
+    ) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.store.list("pods", namespace)
+            if node is None or p["spec"].get("nodeName") == node
+        ]
 
     def files(self, namespace: str, pod: str) -> dict[str, bytes]:
         obj = self.pod(namespace, pod)
@@ -119,11 +129,12 @@ class RunningSim:
                 return pod
         raise KeyError(f"no driver pod on {node}")
 
-    async def wait_for(self, predicate: Callable[[], bool], *, timeout: float = 5.0,
-                       interval: float = 0.01) -> None:
+    async def wait_for(
+        self, predicate: Callable[[], bool], *, timeout: float = 5.0, interval: float = 0.01
+    ) -> None:
         """Poll ``predicate`` until it is true; raise ``TimeoutError`` after ``timeout``."""
         async with asyncio.timeout(timeout):
-            while not predicate():
+            while not predicate():  # noqa: ASYNC110 - polls state other tasks change
                 await asyncio.sleep(interval)
 
     async def stop(self) -> None:
@@ -133,7 +144,7 @@ class RunningSim:
 async def start_sim(
     fleet: fleet_mod.Fleet | None = None,
     *,
-    token: str = "sim-token",
+    token: str = "sim-token",  # noqa: S107 - a test fixture's token
     time_scale: float | None = 0.01,
     host: str = "127.0.0.1",
     port: int = 0,
@@ -146,8 +157,7 @@ async def start_sim(
     fleet's own setting. ``tls`` serves HTTPS with the bundled self-signed certificate (needed
     by kubectl, which sends bearer tokens only over TLS).
     """
-    app = server.create_app(fleet or fleet_mod.Fleet.default(), token=token,
-                            time_scale=time_scale)
+    app = server.create_app(fleet or fleet_mod.Fleet.default(), token=token, time_scale=time_scale)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=server_ssl_context() if tls else None)
@@ -162,13 +172,15 @@ async def start_sim(
     if tls:
         ca_path = workdir / "ca.crt"
         ca_path.write_bytes(ca_cert_pem())
-    return RunningSim(url=url, token=token, kubeconfig_path=path, app=app, runner=runner,
-                      ca_cert_path=ca_path)
+    return RunningSim(
+        url=url, token=token, kubeconfig_path=path, app=app, runner=runner, ca_cert_path=ca_path
+    )
 
 
 @contextlib.asynccontextmanager
-async def running_sim(fleet: fleet_mod.Fleet | None = None, **kwargs: Any) -> AsyncIterator[
-        RunningSim]:
+async def running_sim(
+    fleet: fleet_mod.Fleet | None = None, **kwargs: Any
+) -> AsyncIterator[RunningSim]:
     sim = await start_sim(fleet, **kwargs)
     try:
         yield sim

@@ -78,12 +78,26 @@ async def exec_pod(sim_server: testing.RunningSim) -> AsyncIterator[ExecFn]:
     async with WsApiClient(configuration=configuration(sim_server)) as ws_api:
         core = client.CoreV1Api(ws_api)
 
-        async def run(namespace: str, pod: str, argv: list[str], *,
-                      container: str | None = None, timeout: float = 10) -> ExecResult:
+        async def run(
+            namespace: str,
+            pod: str,
+            argv: list[str],
+            *,
+            container: str | None = None,
+            timeout: float = 10,
+        ) -> ExecResult:
             kwargs: dict[str, Any] = {"container": container} if container else {}
             connect = await core.connect_get_namespaced_pod_exec(
-                pod, namespace, command=argv, stdout=True, stderr=True, stdin=False,
-                tty=False, _preload_content=False, **kwargs)
+                pod,
+                namespace,
+                command=argv,
+                stdout=True,
+                stderr=True,
+                stdin=False,
+                tty=False,
+                _preload_content=False,
+                **kwargs,
+            )
             out, err, status = bytearray(), bytearray(), {}
             async with asyncio.timeout(timeout), connect as ws:
                 async for msg in ws:
@@ -101,11 +115,13 @@ async def exec_pod(sim_server: testing.RunningSim) -> AsyncIterator[ExecFn]:
         yield run
 
 
-async def exec_driver(exec_pod: ExecFn, sim: testing.RunningSim, node: str,
-                      argv: list[str], **kwargs: Any) -> ExecResult:
+async def exec_driver(
+    exec_pod: ExecFn, sim: testing.RunningSim, node: str, argv: list[str], **kwargs: Any
+) -> ExecResult:
     pod = sim.driver_pod(node)
-    return await exec_pod("gpu-operator", pod["metadata"]["name"], argv,
-                          container="nvidia-driver-ctr", **kwargs)
+    return await exec_pod(
+        "gpu-operator", pod["metadata"]["name"], argv, container="nvidia-driver-ctr", **kwargs
+    )
 
 
 @pytest.fixture

@@ -36,9 +36,15 @@ async def test_unauthenticated_requests_get_a_401_status(sim_server: testing.Run
             async with http.get(f"{sim_server.url}/api/v1/nodes", headers=headers) as resp:
                 assert resp.status == 401
                 body = await resp.json()
-        assert body == {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                        "status": "Failure", "message": "Unauthorized",
-                        "reason": "Unauthorized", "code": 401}
+        assert body == {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": "Unauthorized",
+            "reason": "Unauthorized",
+            "code": 401,
+        }
         async with http.get(f"{sim_server.url}/sim/v1/state") as resp:
             assert resp.status == 401
 
@@ -81,10 +87,12 @@ async def test_pod_field_selectors_select_by_node_name_phase_and_namespace(
     assert {p.metadata.name for p in on_node.items} >= {"jupyter-alice"}
     assert all(p.spec.node_name == "gpu-node-03" for p in on_node.items)
     named = await core.list_namespaced_pod(
-        "ml-training", field_selector="metadata.name=llama-finetune-0,status.phase=Running")
+        "ml-training", field_selector="metadata.name=llama-finetune-0,status.phase=Running"
+    )
     assert [p.metadata.name for p in named.items] == ["llama-finetune-0"]
     not_default = await core.list_pod_for_all_namespaces(
-        field_selector="metadata.namespace!=gpu-operator")
+        field_selector="metadata.namespace!=gpu-operator"
+    )
     assert all(p.metadata.namespace != "gpu-operator" for p in not_default.items)
     with pytest.raises(ApiException) as info:
         await core.list_pod_for_all_namespaces(field_selector="spec.bogus=1")
@@ -121,7 +129,8 @@ async def test_replacing_a_node_with_a_stale_resource_version_conflicts(
     assert body["reason"] == "Conflict"
     assert body["message"] == (
         'Operation cannot be fulfilled on nodes "gpu-node-01": the object has been modified; '
-        "please apply your changes to the latest version and try again")
+        "please apply your changes to the latest version and try again"
+    )
 
 
 async def test_cordon_by_strategic_merge_patch_sets_unschedulable(
@@ -138,26 +147,35 @@ async def test_merge_patch_sets_and_removes_labels_with_a_resource_version_preco
     core: client.CoreV1Api,
 ) -> None:
     node = await core.patch_node(
-        "gpu-node-03", {"metadata": {"labels": {"gpu-status": "faulty"}}},
-        _content_type="application/merge-patch+json")
+        "gpu-node-03",
+        {"metadata": {"labels": {"gpu-status": "faulty"}}},
+        _content_type="application/merge-patch+json",
+    )
     assert node.metadata.labels["gpu-status"] == "faulty"
     node = await core.patch_node(
-        "gpu-node-03", {"metadata": {"labels": {"gpu-status": None}}},
-        _content_type="application/merge-patch+json")
+        "gpu-node-03",
+        {"metadata": {"labels": {"gpu-status": None}}},
+        _content_type="application/merge-patch+json",
+    )
     assert "gpu-status" not in node.metadata.labels
     with pytest.raises(ApiException) as info:
         await core.patch_node(
-            "gpu-node-03", {"metadata": {"resourceVersion": "1", "labels": {"a": "b"}}},
-            _content_type="application/merge-patch+json")
+            "gpu-node-03",
+            {"metadata": {"resourceVersion": "1", "labels": {"a": "b"}}},
+            _content_type="application/merge-patch+json",
+        )
     assert info.value.status == 409
 
 
 async def test_json_patch_replaces_the_taint_list(core: client.CoreV1Api) -> None:
     taint = {"key": "gpu-status", "value": "faulty", "effect": "NoSchedule"}
-    node = await core.patch_node("gpu-node-04", [
-        {"op": "test", "path": "/spec/taints/0/key", "value": "nvidia.com/gpu"},
-        {"op": "add", "path": "/spec/taints/-", "value": taint},
-    ])
+    node = await core.patch_node(
+        "gpu-node-04",
+        [
+            {"op": "test", "path": "/spec/taints/0/key", "value": "nvidia.com/gpu"},
+            {"op": "add", "path": "/spec/taints/-", "value": taint},
+        ],
+    )
     assert [t.key for t in node.spec.taints] == ["nvidia.com/gpu", "gpu-status"]
     with pytest.raises(ApiException) as info:
         await core.patch_node("gpu-node-04", [{"op": "remove", "path": "/spec/nope"}])
@@ -173,8 +191,7 @@ async def test_watching_nodes_streams_modifications_from_a_resource_version(
     stream = watch.Watch()
     events = []
     async with asyncio.timeout(5):
-        async for event in stream.stream(core.list_node, resource_version=rv,
-                                         timeout_seconds=2):
+        async for event in stream.stream(core.list_node, resource_version=rv, timeout_seconds=2):
             events.append(event)
             break
     await stream.close()
@@ -186,8 +203,10 @@ async def test_watch_without_resource_version_starts_with_added_events_and_times
     sim_server: testing.RunningSim,
 ) -> None:
     async with aiohttp.ClientSession(headers=sim_server.headers) as http:
-        url = f"{sim_server.url}/api/v1/nodes?watch=true&timeoutSeconds=1&labelSelector=" \
-              "nvidia.com/gpu.present"
+        url = (
+            f"{sim_server.url}/api/v1/nodes?watch=true&timeoutSeconds=1&labelSelector="
+            "nvidia.com/gpu.present"
+        )
         async with asyncio.timeout(5), http.get(url) as resp:
             lines = [json.loads(line) async for line in resp.content if line.strip()]
     assert [e["type"] for e in lines] == ["ADDED"] * 4
@@ -198,9 +217,12 @@ async def test_a_stale_watch_gets_a_410_expired_error_event(
     sim_server: testing.RunningSim,
 ) -> None:
     for i in range(2100):  # overflow the watch history
-        sim_server.store.mutate("nodes", "", "cpu-node-01",
-                                lambda n, i=i: n["metadata"].setdefault("labels", {}).update(
-                                    {"i": str(i)}))
+        sim_server.store.mutate(
+            "nodes",
+            "",
+            "cpu-node-01",
+            lambda n, i=i: n["metadata"].setdefault("labels", {}).update({"i": str(i)}),
+        )
     async with aiohttp.ClientSession(headers=sim_server.headers) as http:
         url = f"{sim_server.url}/api/v1/nodes?watch=true&resourceVersion=2&timeoutSeconds=1"
         async with asyncio.timeout(5), http.get(url) as resp:
@@ -211,28 +233,43 @@ async def test_a_stale_watch_gets_a_410_expired_error_event(
 
 
 async def test_events_are_created_and_listed_by_involved_object(
-    api_client: client.ApiClient, core: client.CoreV1Api,
+    api_client: client.ApiClient,
+    core: client.CoreV1Api,
 ) -> None:
     node = await core.read_node("gpu-node-01")
     event = client.CoreV1Event(
         metadata=client.V1ObjectMeta(generate_name="gpu-node-01."),
-        involved_object=client.V1ObjectReference(kind="Node", name="gpu-node-01",
-                                                 uid=node.metadata.uid),
-        reason="Cordoned", message="cordoned by remediator", type="Normal",
-        source=client.V1EventSource(component="remediator"))
+        involved_object=client.V1ObjectReference(
+            kind="Node", name="gpu-node-01", uid=node.metadata.uid
+        ),
+        reason="Cordoned",
+        message="cordoned by remediator",
+        type="Normal",
+        source=client.V1EventSource(component="remediator"),
+    )
     created = await core.create_namespaced_event("default", event)
     assert created.metadata.name.startswith("gpu-node-01.")
     found = await core.list_event_for_all_namespaces(
-        field_selector="involvedObject.kind=Node,involvedObject.name=gpu-node-01")
+        field_selector="involvedObject.kind=Node,involvedObject.name=gpu-node-01"
+    )
     assert [e.reason for e in found.items] == ["Cordoned"]
     events_v1 = client.EventsV1Api(api_client)
-    await events_v1.create_namespaced_event("default", client.EventsV1Event(
-        metadata=client.V1ObjectMeta(name="x.1"), event_time=datetime.datetime.now(datetime.UTC),
-        reason="Drained",
-        regarding=client.V1ObjectReference(kind="Node", name="gpu-node-01"),
-        reporting_controller="remediator", reporting_instance="r-1", action="Drain",
-        type="Normal"))
-    listed = await events_v1.list_event_for_all_namespaces(field_selector="regarding.name=gpu-node-01")
+    await events_v1.create_namespaced_event(
+        "default",
+        client.EventsV1Event(
+            metadata=client.V1ObjectMeta(name="x.1"),
+            event_time=datetime.datetime.now(datetime.UTC),
+            reason="Drained",
+            regarding=client.V1ObjectReference(kind="Node", name="gpu-node-01"),
+            reporting_controller="remediator",
+            reporting_instance="r-1",
+            action="Drain",
+            type="Normal",
+        ),
+    )
+    listed = await events_v1.list_event_for_all_namespaces(
+        field_selector="regarding.name=gpu-node-01"
+    )
     assert [e.reason for e in listed.items] == ["Drained"]
 
 
@@ -245,9 +282,10 @@ async def test_namespaces_are_listed_and_read(core: client.CoreV1Api) -> None:
 
 async def test_leases_conflict_on_a_stale_update(api_client: client.ApiClient) -> None:
     coord = client.CoordinationV1Api(api_client)
-    lease = client.V1Lease(metadata=client.V1ObjectMeta(name="remediator", namespace="default"),
-                           spec=client.V1LeaseSpec(holder_identity="a",
-                                                   lease_duration_seconds=15))
+    lease = client.V1Lease(
+        metadata=client.V1ObjectMeta(name="remediator", namespace="default"),
+        spec=client.V1LeaseSpec(holder_identity="a", lease_duration_seconds=15),
+    )
     created = await coord.create_namespaced_lease("default", lease)
     with pytest.raises(ApiException) as info:
         await coord.create_namespaced_lease("default", lease)
@@ -277,8 +315,14 @@ async def test_leader_election_acquires_the_lease(
         pass
 
     lock = LeaseLock("remediator-leader", "default", "me", api_client)
-    config = electionconfig.Config(lock, lease_duration=4, renew_deadline=3, retry_period=1,
-                                   onstarted_leading=on_started, onstopped_leading=on_stopped)
+    config = electionconfig.Config(
+        lock,
+        lease_duration=4,
+        renew_deadline=3,
+        retry_period=1,
+        onstarted_leading=on_started,
+        onstopped_leading=on_stopped,
+    )
     task = asyncio.create_task(leaderelection.LeaderElection(config).run())
     try:
         async with asyncio.timeout(5):
@@ -286,6 +330,5 @@ async def test_leader_election_acquires_the_lease(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-    lease = sim_server.store.must_get("leases.coordination.k8s.io", "default",
-                                      "remediator-leader")
+    lease = sim_server.store.must_get("leases.coordination.k8s.io", "default", "remediator-leader")
     assert lease["spec"]["holderIdentity"] == "me"

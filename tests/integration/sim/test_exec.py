@@ -55,15 +55,20 @@ async def test_nvidia_smi_lists_gpus_with_fixture_uuids(driver_exec: ExecFn) -> 
     result = await driver_exec("gpu-node-01", ["nvidia-smi", "-L"])
     assert result.exit_code == 0
     lines = result.text.splitlines()
-    assert lines[0] == "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-ff9ed5c2-6902-5875-b00a-6fbab9d5b881)"
-    assert lines[1] == "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-659ac159-c80d-597b-9774-44ba7b02381d)"
+    assert (
+        lines[0] == "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-ff9ed5c2-6902-5875-b00a-6fbab9d5b881)"
+    )
+    assert (
+        lines[1] == "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-659ac159-c80d-597b-9774-44ba7b02381d)"
+    )
     assert len(lines) == 8
 
 
 async def test_query_gpu_csv_matches_the_real_header_and_value_shapes(driver_exec: ExecFn) -> None:
     real = fixture_section("query csv")
-    result = await driver_exec("gpu-node-04", ["nvidia-smi", "-i", "0",
-                                               f"--query-gpu={FIXTURE_FIELDS}", "--format=csv"])
+    result = await driver_exec(
+        "gpu-node-04", ["nvidia-smi", "-i", "0", f"--query-gpu={FIXTURE_FIELDS}", "--format=csv"]
+    )
     assert result.exit_code == 0
     header, row = result.text.splitlines()
     assert header == real[0]
@@ -71,19 +76,29 @@ async def test_query_gpu_csv_matches_the_real_header_and_value_shapes(driver_exe
     assert len(ours) == len(theirs)
     for mine, capture in zip(ours, theirs, strict=True):
         assert mine.split(" ")[1:] == capture.split(" ")[1:]  # same units after the value
-    plain = await driver_exec("gpu-node-04", ["nvidia-smi", "-i", "0", f"--query-gpu={FIXTURE_FIELDS}",
-                                              "--format=csv,noheader,nounits"])
+    plain = await driver_exec(
+        "gpu-node-04",
+        ["nvidia-smi", "-i", "0", f"--query-gpu={FIXTURE_FIELDS}", "--format=csv,noheader,nounits"],
+    )
     assert len(plain.text.splitlines()) == 1
     assert all(" " not in v or v.startswith("NVIDIA") for v in plain.text.strip().split(", "))
 
 
 async def test_query_by_uuid_and_pci_bus_id_selects_the_fixture_gpu(driver_exec: ExecFn) -> None:
     for ident in ("GPU-e0128808-1f24-5c4b-a5e0-5aec74e66175", "00000000:38:00.0", "2"):
-        result = await driver_exec("gpu-node-02", [
-            "nvidia-smi", "-i", ident, "--query-gpu=index,uuid,pci.bus_id,utilization.gpu",
-            "--format=csv,noheader"])
+        result = await driver_exec(
+            "gpu-node-02",
+            [
+                "nvidia-smi",
+                "-i",
+                ident,
+                "--query-gpu=index,uuid,pci.bus_id,utilization.gpu",
+                "--format=csv,noheader",
+            ],
+        )
         assert result.text == (
-            "2, GPU-e0128808-1f24-5c4b-a5e0-5aec74e66175, 00000000:38:00.0, 12 %\n")
+            "2, GPU-e0128808-1f24-5c4b-a5e0-5aec74e66175, 00000000:38:00.0, 12 %\n"
+        )
 
 
 async def test_bad_index_and_bad_field_fail_like_the_real_tool(driver_exec: ExecFn) -> None:
@@ -91,28 +106,46 @@ async def test_bad_index_and_bad_field_fail_like_the_real_tool(driver_exec: Exec
     assert (missing.text, missing.exit_code) == ("No devices were found\n", 6)
     assert missing.status["message"] == (
         "command terminated with non-zero exit code: error executing command "
-        "[nvidia-smi -i 9 -L], exit code 6")
+        "[nvidia-smi -i 9 -L], exit code 6"
+    )
     assert missing.status["reason"] == "NonZeroExitCode"
-    bad = await driver_exec("gpu-node-01", ["nvidia-smi", "--query-gpu=not.a.field",
-                                            "--format=csv"])
-    assert (bad.text, bad.exit_code) == ('Field "not.a.field" is not a valid field to query.\n\n', 2)
+    bad = await driver_exec(
+        "gpu-node-01", ["nvidia-smi", "--query-gpu=not.a.field", "--format=csv"]
+    )
+    assert (bad.text, bad.exit_code) == (
+        'Field "not.a.field" is not a valid field to query.\n\n',
+        2,
+    )
 
 
-async def test_power_limit_is_validated_applied_and_read_back(driver_exec: ExecFn,
-                                                              sim_server: testing.RunningSim) -> None:
+async def test_power_limit_is_validated_applied_and_read_back(
+    driver_exec: ExecFn, sim_server: testing.RunningSim
+) -> None:
     low = await driver_exec("gpu-node-01", ["nvidia-smi", "-i", "0", "-pl", "100"])
     assert low.exit_code == 2
     assert low.text.splitlines()[0] == (
         "Provided power limit 100.00 W is not a valid power limit which should be between "
-        "200.00 W and 700.00 W for GPU 00000000:18:00.0")
-    ok = await driver_exec("gpu-node-01", ["nvidia-smi", "-i", "GPU-ff9ed5c2-6902-5875-b00a-6fbab9d5b881",
-                                           "-pl", "250"])
+        "200.00 W and 700.00 W for GPU 00000000:18:00.0"
+    )
+    ok = await driver_exec(
+        "gpu-node-01",
+        ["nvidia-smi", "-i", "GPU-ff9ed5c2-6902-5875-b00a-6fbab9d5b881", "-pl", "250"],
+    )
     assert ok.exit_code == 0
-    assert ok.text == ("Power limit for GPU 00000000:18:00.0 was set to 250.00 W from 700.00 W.\n"
-                       "All done.\n")
-    back = await driver_exec("gpu-node-01", [
-        "nvidia-smi", "-i", "0", "--query-gpu=power.limit,enforced.power.limit,"
-        "power.default_limit,power.min_limit,power.max_limit", "--format=csv,noheader,nounits"])
+    assert ok.text == (
+        "Power limit for GPU 00000000:18:00.0 was set to 250.00 W from 700.00 W.\nAll done.\n"
+    )
+    back = await driver_exec(
+        "gpu-node-01",
+        [
+            "nvidia-smi",
+            "-i",
+            "0",
+            "--query-gpu=power.limit,enforced.power.limit,"
+            "power.default_limit,power.min_limit,power.max_limit",
+            "--format=csv,noheader,nounits",
+        ],
+    )
     assert back.text == "250.00, 250.00, 700.00, 200.00, 700.00\n"
     assert sim_server.gpu("gpu-node-01", 0).power_limit == 250.0
     everyone = await driver_exec("gpu-node-02", ["nvidia-smi", "-pl", "300"])
@@ -120,17 +153,23 @@ async def test_power_limit_is_validated_applied_and_read_back(driver_exec: ExecF
     assert everyone.text.count("was set to 300.00 W") == 8
 
 
-async def test_a_lost_gpu_answers_with_exit_code_15(driver_exec: ExecFn,
-                                                   sim_server: testing.RunningSim) -> None:
-    async with aiohttp.ClientSession(headers=sim_server.headers) as http:
-        async with http.patch(f"{sim_server.url}/sim/v1/nodes/gpu-node-03/gpus/3",
-                              json={"lost": True, "temperature": 0}) as resp:
-            assert resp.status == 200
-            assert (await resp.json())["lost"] is True
+async def test_a_lost_gpu_answers_with_exit_code_15(
+    driver_exec: ExecFn, sim_server: testing.RunningSim
+) -> None:
+    async with (
+        aiohttp.ClientSession(headers=sim_server.headers) as http,
+        http.patch(
+            f"{sim_server.url}/sim/v1/nodes/gpu-node-03/gpus/3",
+            json={"lost": True, "temperature": 0},
+        ) as resp,
+    ):
+        assert resp.status == 200
+        assert (await resp.json())["lost"] is True
     result = await driver_exec("gpu-node-03", ["nvidia-smi", "-i", "3", "-q"])
     assert result.exit_code == 15
-    assert result.text == ("Unable to determine the device handle for GPU0000:48:00.0: "
-                           "Unknown Error\n")
+    assert result.text == (
+        "Unable to determine the device handle for GPU0000:48:00.0: Unknown Error\n"
+    )
     table = await driver_exec("gpu-node-03", ["nvidia-smi"])
     assert table.exit_code == 15
     healthy = await driver_exec("gpu-node-03", ["nvidia-smi", "-i", "0", "-L"])
@@ -150,10 +189,12 @@ async def test_nvidia_smi_q_uses_the_real_key_layout(driver_exec: ExecFn) -> Non
 
 
 async def test_bug_report_writes_a_gzip_that_cat_streams_and_rm_removes(
-    driver_exec: ExecFn, sim_server: testing.RunningSim,
+    driver_exec: ExecFn,
+    sim_server: testing.RunningSim,
 ) -> None:
-    report = await driver_exec("gpu-node-01", ["nvidia-bug-report.sh", "--output-file",
-                                               "/tmp/report-1"])
+    report = await driver_exec(
+        "gpu-node-01", ["nvidia-bug-report.sh", "--output-file", "/tmp/report-1"]
+    )
     assert report.exit_code == 0
     assert "complete." in report.text
     listing = await driver_exec("gpu-node-01", ["ls", "/tmp"])
@@ -170,16 +211,19 @@ async def test_bug_report_writes_a_gzip_that_cat_streams_and_rm_removes(
     default = await driver_exec("gpu-node-01", ["nvidia-bug-report.sh", "--safe-mode"])
     assert default.exit_code == 0
     assert "/nvidia-bug-report.log.gz" in sim_server.files(
-        "gpu-operator", sim_server.driver_pod("gpu-node-01")["metadata"]["name"])
+        "gpu-operator", sim_server.driver_pod("gpu-node-01")["metadata"]["name"]
+    )
 
 
 async def test_bug_report_hangs_when_told_to_and_on_a_lost_gpu_without_safe_mode(
-    driver_exec: ExecFn, sim_server: testing.RunningSim,
+    driver_exec: ExecFn,
+    sim_server: testing.RunningSim,
 ) -> None:
-    async with aiohttp.ClientSession(headers=sim_server.headers) as http:
-        async with http.patch(f"{sim_server.url}/sim/v1/nodes/gpu-node-02",
-                              json={"bug_report_hangs": True}):
-            pass
+    async with (
+        aiohttp.ClientSession(headers=sim_server.headers) as http,
+        http.patch(f"{sim_server.url}/sim/v1/nodes/gpu-node-02", json={"bug_report_hangs": True}),
+    ):
+        pass
     with pytest.raises(TimeoutError):
         await driver_exec("gpu-node-02", ["nvidia-bug-report.sh"], timeout=0.5)
     sim_server.gpu("gpu-node-03", 3).lost = True
@@ -189,13 +233,13 @@ async def test_bug_report_hangs_when_told_to_and_on_a_lost_gpu_without_safe_mode
     assert safe.exit_code == 0
 
 
-async def test_other_commands_and_pods_have_no_shell(exec_pod: ExecFn,
-                                                    driver_exec: ExecFn) -> None:
+async def test_other_commands_and_pods_have_no_shell(exec_pod: ExecFn, driver_exec: ExecFn) -> None:
     result = await exec_pod("ml-training", "llama-finetune-0", ["sh", "-c", "true"])
     assert result.exit_code == 127
     assert result.stderr == (
         b'OCI runtime exec failed: exec failed: unable to start container process: exec: "sh": '
-        b"executable file not found in $PATH: unknown\n")
+        b"executable file not found in $PATH: unknown\n"
+    )
     for argv in (["echo", "hi"], ["true"], ["sh", "-c", "nvidia-smi"]):
         assert (await driver_exec("gpu-node-01", argv)).exit_code == 127
     no_smi = await exec_pod("ml-training", "llama-finetune-0", ["nvidia-smi"])

@@ -1,0 +1,38 @@
+"""Discovery endpoints: /version, /api, /apis and the per group-version resource lists."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from remediator.sim import api, resources
+
+
+async def version(request: web.Request) -> web.Response:
+    return api.json_response(resources.VERSION_INFO)
+
+
+async def core_versions(request: web.Request) -> web.Response:
+    return api.json_response(resources.api_versions(request.host))
+
+
+async def group_list(request: web.Request) -> web.Response:
+    return api.json_response(resources.api_group_list())
+
+
+async def group(request: web.Request) -> web.Response:
+    name = request.match_info["group"]
+    if name not in resources.GROUP_VERSIONS:
+        raise api.not_found_path()
+    return api.json_response({"kind": "APIGroup", "apiVersion": "v1", **resources.api_group(name)})
+
+
+async def resource_list(request: web.Request) -> web.Response:
+    info = request.match_info
+    body = resources.resource_list(info.get("group", ""), info["version"])
+    if body is None:
+        raise api.not_found_path()
+    return api.json_response(body)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
