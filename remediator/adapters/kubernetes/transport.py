@@ -104,7 +104,7 @@ class Retrier:
     def __init__(self, *, attempts: int, max_seconds: float) -> None:
         self.attempts = attempts
         self.max_seconds = max_seconds
-        self._backoff = tenacity.wait_exponential_jitter(initial=0.2, max=5.0)
+        self._backoff = tenacity.wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2)
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
