@@ -12,7 +12,8 @@ from remediator.domain import errors
 from remediator.sim import testing
 from tests.integration.kube.conftest import MakeContext, Progress, node_events, run_action
 
-FAST = {"eviction_retry_interval_seconds": 0.1, "poll_interval_seconds": 0.05}
+LLAMA_1 = "ml-training/llama-finetune-1"
+FAST: dict[str, Any] = {"eviction_retry_interval_seconds": 0.1, "poll_interval_seconds": 0.05}
 
 
 def set_min_available(sim: testing.RunningSim, value: int) -> None:
@@ -32,7 +33,9 @@ async def test_drain_waits_for_a_blocking_pdb_and_finishes_once_it_is_relaxed(
         run_action(drain.DrainAction(), make_ctx(node="gpu-node-04", progress=progress), params)
     )
     await sim.wait_for(
-        lambda: any("ml-training/llama-finetune-1" in u.get("blocked", {}) for u in progress.updates)
+        lambda: any(
+            "ml-training/llama-finetune-1" in u.get("blocked", {}) for u in progress.updates
+        )
     )
     blocked = next(u for u in progress.updates if u.get("blocked"))["blocked"]
     assert blocked["ml-training/llama-finetune-1"]["pdb"] == "llama-finetune"
@@ -65,7 +68,8 @@ async def test_drain_timeout_names_the_blocked_pods_and_their_budgets(
     message = str(info.value)
     assert "timed out" in message
     assert "ml-training/llama-finetune-1 (blocked by PodDisruptionBudget llama-finetune)" in message
-    assert info.value.output["blocked"]["ml-training/llama-finetune-1"]["pdb"] == "llama-finetune"
+    blocked: Any = info.value.output["blocked"]
+    assert blocked[LLAMA_1]["pdb"] == "llama-finetune"
     assert sim.node("gpu-node-04")["spec"]["unschedulable"] is True  # left cordoned
 
 
@@ -84,7 +88,9 @@ async def test_drain_refuses_unmanaged_and_emptydir_pods_and_evicts_nothing(
 
     with pytest.raises(errors.ActionFailed, match="declares no controller"):
         await run_action(
-            drain.DrainAction(), make_ctx(node="gpu-node-03"), {**FAST, "delete_emptydir_data": True}
+            drain.DrainAction(),
+            make_ctx(node="gpu-node-03"),
+            {**FAST, "delete_emptydir_data": True},
         )
 
 
@@ -103,9 +109,13 @@ async def test_pod_evict_blocked_by_a_pdb_is_a_temporary_failure(
 ) -> None:
     action = pods.EvictAction()
     set_min_available(sim, 1)
-    ok = await run_action(action, make_ctx(), {"namespace": "ml-training", "pod": "llama-finetune-0"})
+    ok = await run_action(
+        action, make_ctx(), {"namespace": "ml-training", "pod": "llama-finetune-0"}
+    )
     assert ok["outcome"] == "evicted"
     with pytest.raises(errors.ActionFailed, match="PodDisruptionBudget llama-finetune") as info:
-        await run_action(action, make_ctx(), {"namespace": "ml-training", "pod": "llama-finetune-1"})
+        await run_action(
+            action, make_ctx(), {"namespace": "ml-training", "pod": "llama-finetune-1"}
+        )
     assert info.value.temporary is True
     assert info.value.retry_after == 5.0

@@ -133,7 +133,7 @@ async def test_label_retries_after_a_concurrent_409_and_undo_restores_previous_v
     racing = ConflictOnce(cluster, sim)
     action = kube.LabelAction()
     params = {"labels": {"gpu-status": "faulty", "maintenance": "planned"}}
-    output = await run_action(action, make_ctx(kube=racing), params)  # type: ignore[arg-type]
+    output = await run_action(action, make_ctx(kube=racing), params)
     assert racing.conflicts == 1
     labels = sim.node("gpu-node-01")["metadata"]["labels"]
     assert labels["gpu-status"] == "faulty"
@@ -155,7 +155,7 @@ async def test_taint_retries_after_a_concurrent_409_and_undo_restores_the_old_ta
     racing = ConflictOnce(cluster, sim)
     action = taints.TaintAction()
     params = {"taints": [{"key": "nvidia.com/gpu", "value": "faulty", "effect": "NoSchedule"}]}
-    output = await run_action(action, make_ctx(kube=racing), params)  # type: ignore[arg-type]
+    output = await run_action(action, make_ctx(kube=racing), params)
     assert racing.conflicts == 1
     assert sim.node("gpu-node-01")["spec"]["taints"] == [
         {"key": "nvidia.com/gpu", "value": "faulty", "effect": "NoSchedule"}

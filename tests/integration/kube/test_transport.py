@@ -1,0 +1,80 @@
+"""Transport retries against the simulator's fault injection, configuration modes, events."""
+
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+import pytest
+
+from remediator.actions import pods
+from remediator.adapters import kubernetes
+from remediator.ports import cluster as port
+from remediator.sim import testing
+from tests.integration.kube.conftest import MakeContext, kube_config, node_events, run_action
+
+
+async def set_faults(sim: testing.RunningSim, body: dict[str, object]) -> None:
+    async with (
+        aiohttp.ClientSession(headers=sim.headers) as http,
+        http.put(f"{sim.url}/sim/v1/faults", json=body) as resp,
+    ):
+        assert resp.status == 200
+
+
+@pytest.mark.parametrize("fault", [{"rate_503": 0.5}, {"rate_429": 0.5}])
+async def test_injected_429_and_503_are_retried_until_the_call_succeeds(
+    sim: testing.RunningSim,
+    cluster: port.Cluster,
+    caplog: pytest.LogCaptureFixture,
+    fault: dict[str, float],
+) -> None:
+    await set_faults(sim, {"rules": [{"path_prefix": "/api/", **fault}], "seed": 3})
+    caplog.set_level(logging.WARNING, "remediator.adapters.kubernetes")
+    for _ in range(4):
+        node = await cluster.get_node("gpu-node-01")
+        assert node.name == "gpu-node-01"
+    assert any("retrying" in r.getMessage() for r in caplog.records)
+
+
+async def test_retries_are_bounded_and_end_in_a_translated_error(
+    sim: testing.RunningSim,
+) -> None:
+    await set_faults(sim, {"rules": [{"path_prefix": "/api/", "rate_503": 1.0}]})
+    kube = await kubernetes.connect(kube_config(sim, retry_attempts=3))
+    try:
+        with pytest.raises(port.Unavailable) as info:
+            await kube.get_node("gpu-node-01")
+    finally:
+        await kube.close()
+    assert info.value.status == 503
+    assert info.value.temporary is True
+    assert info.value.__cause__ is not None
+
+
+async def test_not_found_is_not_retried(cluster: port.Cluster) -> None:
+    with pytest.raises(port.NotFound):
+        await cluster.get_node("no-such-node")
+
+
+async def test_url_and_token_mode_reaches_the_api(sim: testing.RunningSim) -> None:
+    kube = await kubernetes.connect(
+        kubernetes.KubernetesConfig(mode="url", url=sim.url, token=sim.token)
+    )
+    try:
+        nodes = await kube.list_nodes(kube.gpu_node_selector)
+    finally:
+        await kube.close()
+    assert sorted(n.name for n in nodes) == [f"gpu-node-0{i}" for i in range(1, 5)]
+
+
+async def test_event_action_records_an_event_on_the_node(
+    sim: testing.RunningSim, make_ctx: MakeContext
+) -> None:
+    params = {"reason": "GPUXidError", "message": "Xid 79 on GPU 5", "type": "Warning"}
+    output = await run_action(pods.EventAction(), make_ctx(node="gpu-node-02"), params)
+    [event] = node_events(sim, "gpu-node-02")
+    assert event["metadata"]["name"] == output["event"]
+    assert event["type"] == "Warning"
+    assert event["source"]["component"] == "remediator"
+    assert event["message"].startswith("Xid 79 on GPU 5 (remediator run 7")

@@ -1,0 +1,90 @@
+"""Params models reject hostile values from alerts before any call is made."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from remediator.actions import drain, gpu, kube, pods, taints
+
+HOSTILE = [
+    "x; rm -rf /",
+    "$(reboot)",
+    "`id`",
+    "gpu-node-01\nx",
+    "../etc",
+    "GPU-NODE-01",
+    "nöde-01",
+    "a" * 254,
+    "-leading-dash",
+    "",
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_node_names_are_rejected(name: str) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        kube.CordonAction().parse({"node": name})
+
+
+@pytest.mark.parametrize(
+    "value", ["x; rm -rf /", "$(reboot)", "ünïcode", "a" * 64, "-x", "x-", "a b"]
+)
+def test_hostile_label_values_are_rejected(value: str) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        kube.LabelAction().parse({"labels": {"gpu-status": value}})
+
+
+@pytest.mark.parametrize(
+    "key", ["$(reboot)", "a/b/c", "/x", "Example.com/x", "x" * 64, "ok.io/" + "x" * 64, ""]
+)
+def test_invalid_label_keys_are_rejected(key: str) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        kube.LabelAction().parse({"labels": {key: "v"}})
+
+
+def test_valid_kubernetes_names_and_labels_pass() -> None:
+    params = kube.LabelAction().parse(
+        {"node": "gpu-node-01.example.com", "labels": {"nvidia.com/gpu.present": "", "a_b": "Z.9"}}
+    )
+    assert params.node == "gpu-node-01.example.com"
+
+
+def test_unknown_params_are_rejected() -> None:
+    with pytest.raises(pydantic.ValidationError):
+        kube.CordonAction().parse({"node": "gpu-node-01", "shell": "true"})
+
+
+@pytest.mark.parametrize("namespace", ["kube_system", "a.b", "x" * 64, "$(id)"])
+def test_pod_actions_reject_bad_namespaces(namespace: str) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        pods.EvictAction().parse({"namespace": namespace, "pod": "p"})
+
+
+def test_taint_effects_are_a_closed_set() -> None:
+    with pytest.raises(pydantic.ValidationError):
+        taints.TaintAction().parse({"taints": [{"key": "k", "effect": "Evict"}]})
+
+
+@pytest.mark.parametrize("ident", ["0; reboot", "GPU-xyz", "-1", "all,1"])
+def test_gpu_identifiers_must_be_an_index_uuid_or_bus_id(ident: str) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        gpu.PowerCapAction().parse({"watts": 300, "gpus": [ident]})
+
+
+def test_power_cap_needs_exactly_one_target() -> None:
+    with pytest.raises(pydantic.ValidationError):
+        gpu.PowerCapAction().parse({})
+    with pytest.raises(pydantic.ValidationError):
+        gpu.PowerCapAction().parse({"watts": 300, "percent_of_default": 50})
+
+
+def test_drain_pod_selector_rejects_shell_metacharacters() -> None:
+    with pytest.raises(pydantic.ValidationError):
+        drain.DrainAction().parse({"pod_selector": "app=x;reboot"})
+
+
+def test_every_kube_action_is_exported_once() -> None:
+    names = [a.name for a in kube.KUBE_ACTIONS]
+    assert len(names) == len(set(names)) == 12
+    assert {a.name for a in kube.KUBE_ACTIONS if a.disruptive} == {"node.drain", "pod.evict"}
