@@ -7,12 +7,13 @@ import base64
 import contextlib
 import dataclasses
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from remediator.sim import cluster as cluster_mod
-from remediator.sim import errors, patching, pods, resources, selectors, store
+from remediator.sim import errors, patching, pods, resources, selectors, store, tables
 
 Obj = dict[str, Any]
 CLUSTER = web.AppKey("cluster", cluster_mod.Cluster)
@@ -158,6 +159,10 @@ def list_objects(
         copied.pop("kind", None)
         copied.pop("apiVersion", None)
         out.append(copied)
+    version = tables.requested_version(request)
+    if version is not None:
+        include = request.query.get("includeObject", "Metadata")
+        return json_response(tables.table(version, res, out, meta, include))
     return json_response(
         {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": meta, "items": out}
     )
@@ -188,8 +193,15 @@ async def watch(
             and selectors.matches_fields(fields, obj, res.store_key)
         )
 
+    table_version = tables.requested_version(request)
+
     async def send(kind: str, obj: Obj) -> None:
-        line = json.dumps({"type": kind, "object": _serve(obj, res)}, separators=(",", ":"))
+        body = obj if kind == "ERROR" else _serve(obj, res)
+        if table_version is not None and kind != "ERROR":
+            meta = {"resourceVersion": obj["metadata"]["resourceVersion"]}
+            include = request.query.get("includeObject", "Metadata")
+            body = tables.table(table_version, res, [body], meta, include)
+        line = json.dumps({"type": kind, "object": body}, separators=(",", ":"))
         await response.write(line.encode() + b"\n")
 
     try:
@@ -199,27 +211,8 @@ async def watch(
     except errors.ApiError as e:
         await send("ERROR", e.body)
         return response
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
     try:
-        while True:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            transport = request.transport
-            if transport is None or transport.is_closing():
-                break  # the client went away
-            try:
-                change = await asyncio.wait_for(watcher.queue.get(), min(remaining, 0.2))
-            except TimeoutError:
-                continue
-            now_visible, was_visible = visible(change.obj), visible(change.old)
-            if change.type == "MODIFIED" and now_visible and not was_visible:
-                await send("ADDED", change.obj)
-            elif change.type == "MODIFIED" and was_visible and not now_visible:
-                await send("DELETED", change.obj)
-            elif now_visible:
-                await send(change.type, change.obj)
+        await _pump(request, watcher, visible, send, timeout)
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()
     except ConnectionResetError:
@@ -227,6 +220,38 @@ async def watch(
     finally:
         watcher.close()
     return response
+
+
+def _translate(change: store.Change, visible: Callable[[Obj | None], bool]) -> str | None:
+    """The event type a selector-filtered watch sees for ``change`` (None: nothing)."""
+    now_visible, was_visible = visible(change.obj), visible(change.old)
+    if change.type == "MODIFIED" and now_visible and not was_visible:
+        return "ADDED"
+    if change.type == "MODIFIED" and was_visible and not now_visible:
+        return "DELETED"
+    return change.type if now_visible else None
+
+
+async def _pump(
+    request: web.Request,
+    watcher: store.Watcher,
+    visible: Callable[[Obj | None], bool],
+    send: Callable[[str, Obj], Awaitable[None]],
+    timeout: float,
+) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while (remaining := deadline - loop.time()) > 0:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return  # the client went away
+        try:
+            change = await asyncio.wait_for(watcher.queue.get(), min(remaining, 0.2))
+        except TimeoutError:
+            continue
+        kind = _translate(change, visible)
+        if kind is not None:
+            await send(kind, change.obj)
 
 
 async def create(
@@ -264,7 +289,13 @@ async def item(request: web.Request, cluster: cluster_mod.Cluster, target: Targe
     ns = target.namespace or ""
     method = request.method
     if method == "GET":
-        return json_response(_serve(cluster.store.must_get(res.store_key, ns, name), res))
+        obj = _serve(cluster.store.must_get(res.store_key, ns, name), res)
+        version = tables.requested_version(request)
+        if version is not None:
+            include = request.query.get("includeObject", "Metadata")
+            meta = {"resourceVersion": obj["metadata"]["resourceVersion"]}
+            return json_response(tables.table(version, res, [obj], meta, include))
+        return json_response(obj)
     if method == "PUT":
         body = await _body(request)
         return json_response(

@@ -60,6 +60,7 @@ class Cluster:
         self.store.clear()
         self.hosts.clear()
         self.files.clear()
+        self.exec_log.clear()
         self.settings = self.fleet.settings.model_copy()
         seed(self, self.fleet)
         self.wake.set()

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from typing import Any
 
 from remediator.sim import cluster as cluster_mod
 from remediator.sim import objects
 
 Obj = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
 class Controllers:
@@ -29,7 +31,11 @@ class Controllers:
         loop = asyncio.get_running_loop()
         while True:
             self.cluster.wake.clear()
-            self.reconcile(loop.time())
+            try:
+                self.reconcile(loop.time())
+            except Exception:  # a bad object must not stop the simulated cluster
+                log.exception("controller pass failed")
+                await asyncio.sleep(0.1)
             deadlines = [*self.terminate_at.values(), *self.ready_at.values()]
             timeout = max(0.0, min(deadlines) - loop.time()) if deadlines else None
             with contextlib.suppress(TimeoutError):

@@ -122,6 +122,10 @@ async def test_label_taint_cordon_and_uncordon(kubectl: Kubectl) -> None:
     assert [t["key"] for t in sim.node("gpu-node-02")["spec"]["taints"]] == ["nvidia.com/gpu"]
     assert "cordoned" in await kubectl.ok("cordon", "gpu-node-03")
     assert sim.node("gpu-node-03")["spec"]["unschedulable"] is True
+    table = await kubectl.ok("get", "nodes")  # server-side printing (meta.k8s.io Table)
+    assert table.splitlines()[0].split() == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
+    row = next(line for line in table.splitlines() if line.startswith("gpu-node-03"))
+    assert row.split()[1] == "Ready,SchedulingDisabled"
     assert "uncordoned" in await kubectl.ok("uncordon", "gpu-node-03")
     assert not sim.node("gpu-node-03")["spec"].get("unschedulable")
 

@@ -332,3 +332,30 @@ async def test_leader_election_acquires_the_lease(
         await asyncio.gather(task, return_exceptions=True)
     lease = sim_server.store.must_get("leases.coordination.k8s.io", "default", "remediator-leader")
     assert lease["spec"]["holderIdentity"] == "me"
+
+
+async def test_kubectl_style_table_requests_get_server_side_printing(
+    sim_server: testing.RunningSim,
+) -> None:
+    accept = (
+        "application/json;as=Table;v=v1;g=meta.k8s.io,"
+        "application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+    )
+    headers = {**sim_server.headers, "Accept": accept}
+    async with (
+        aiohttp.ClientSession(headers=headers) as http,
+        http.get(f"{sim_server.url}/api/v1/namespaces/research/pods") as resp,
+    ):
+        table = await resp.json()
+    assert (table["kind"], table["apiVersion"]) == ("Table", "meta.k8s.io/v1")
+    assert [c["name"] for c in table["columnDefinitions"]][:5] == [
+        "Name",
+        "Ready",
+        "Status",
+        "Restarts",
+        "Age",
+    ]
+    cells = table["rows"][0]["cells"]
+    assert cells[:4] == ["jupyter-alice", "1/1", "Running", 0]
+    assert cells[6] == "gpu-node-03"
+    assert table["rows"][0]["object"]["kind"] == "PartialObjectMetadata"
