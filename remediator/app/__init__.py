@@ -132,6 +132,7 @@ class Components:
 
 COMPONENTS = web.AppKey("components", Components)
 FAILED = web.AppKey("failed", list)
+STOPPING = web.AppKey("stopping", list)
 
 
 def check_exposure(settings: settings_mod.Settings) -> None:
@@ -174,6 +175,7 @@ def create_app(
     )
     app[COMPONENTS] = components
     app[FAILED] = []
+    app[STOPPING] = []
     app[http_errors.RETRY_AFTER] = settings.retry_after_seconds
     if components.tokens is not None:
         app[auth.TOKENS] = components.tokens
@@ -201,6 +203,7 @@ def _lifecycle(*, run_engine: bool) -> Callable[[web.Application], AsyncIterator
         for task in loops:
             task.add_done_callback(lambda t: _on_loop_done(app, t))
         yield
+        app[STOPPING].append(True)
         await components.engine.stop()
         for task in loops:
             task.cancel()
@@ -215,7 +218,7 @@ def _lifecycle(*, run_engine: bool) -> Callable[[web.Application], AsyncIterator
 
 
 def _on_loop_done(app: web.Application, task: asyncio.Task[Any]) -> None:
-    if task.cancelled():
+    if task.cancelled() or app[STOPPING]:
         return
     error = task.exception()
     logger.critical("background loop %s stopped: %r; shutting down", task.get_name(), error)
