@@ -21,7 +21,9 @@ PG_ADMIN_URL = os.environ.get("REMEDIATOR_TEST_PG", "postgresql://postgres@127.0
 
 
 def backends() -> list[str]:
-    return [b for b in os.environ.get("REMEDIATOR_TEST_BACKENDS", "sqlite,postgres").split(",") if b]
+    return [
+        b for b in os.environ.get("REMEDIATOR_TEST_BACKENDS", "sqlite,postgres").split(",") if b
+    ]
 
 
 def am_fixture_paths() -> list[pathlib.Path]:
@@ -57,9 +59,23 @@ def clock() -> FakeClock:
 
 def _psql(sql: str) -> None:
     subprocess.run(
-        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1",
-         "-q", "-c", sql],
-        check=True, capture_output=True, timeout=60,
+        [
+            "psql",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-q",
+            "-c",
+            sql,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
     )
 
 

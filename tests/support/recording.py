@@ -61,21 +61,42 @@ class RecordAction(actions.Action[RecordParams]):
         return actions.Check(in_place=False)
 
     async def apply(self, ctx: actions.ActionContext, params: RecordParams) -> dict[str, Any]:
-        _append({"kind": "start", "key": ctx.idempotency_key, "label": params.label,
-                 "attempt": ctx.attempt, "pid": os.getpid()})
+        _append(
+            {
+                "kind": "start",
+                "key": ctx.idempotency_key,
+                "label": params.label,
+                "attempt": ctx.attempt,
+                "pid": os.getpid(),
+            }
+        )
         if params.fail_permanently:
             raise errors.ActionFailed(f"{params.label} fails for good")
         if ctx.attempt <= params.fail_attempts:
             raise errors.ActionFailed(f"{params.label} attempt {ctx.attempt} fails", temporary=True)
         await asyncio.sleep(params.sleep_before)
-        _append({"kind": "apply", "key": ctx.idempotency_key, "label": params.label,
-                 "node": ctx.node, "pid": os.getpid()})
+        _append(
+            {
+                "kind": "apply",
+                "key": ctx.idempotency_key,
+                "label": params.label,
+                "node": ctx.node,
+                "pid": os.getpid(),
+            }
+        )
         await asyncio.sleep(params.sleep_after)
         return {"label": params.label, "pid": os.getpid()}
 
     async def undo(self, ctx: actions.ActionContext, params: RecordParams) -> dict[str, Any]:
-        _append({"kind": "undo", "key": ctx.idempotency_key, "label": params.label,
-                 "applied": dict(ctx.applied_output), "pid": os.getpid()})
+        _append(
+            {
+                "kind": "undo",
+                "key": ctx.idempotency_key,
+                "label": params.label,
+                "applied": dict(ctx.applied_output),
+                "pid": os.getpid(),
+            }
+        )
         return {"undone": params.label}
 
 

@@ -19,8 +19,9 @@ def _notifier(attempts=4):
 @respx.mock
 async def test_notification_is_posted_with_an_idempotency_key():
     route = respx.post(URL).mock(return_value=httpx.Response(200))
-    out = await _notifier().send(channel="ops", message="hot", data={"node": "n1"},
-                                 idempotency_key="run-1-step-2")
+    out = await _notifier().send(
+        channel="ops", message="hot", data={"node": "n1"}, idempotency_key="run-1-step-2"
+    )
     assert out["delivered"] is True
     request = route.calls.last.request
     assert request.headers["Idempotency-Key"] == "run-1-step-2"
