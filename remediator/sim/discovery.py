@@ -36,3 +36,22 @@ async def resource_list(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok")
+
+
+async def openapi_v2(request: web.Request) -> web.Response:
+    """An empty OpenAPI v2 document: kubectl then skips client-side schema validation.
+
+    kubectl asks for the protobuf encoding; an empty protobuf message is a valid empty
+    ``openapi_v2.Document``. /openapi/v3 stays 404, which makes kubectl fall back to v2.
+    """
+    if "protobuf" in request.headers.get("Accept", ""):
+        return web.Response(body=b"", content_type="application/octet-stream")
+    version = resources.VERSION_INFO["gitVersion"]
+    return api.json_response(
+        {
+            "swagger": "2.0",
+            "info": {"title": "Kubernetes", "version": version},
+            "paths": {},
+            "definitions": {},
+        }
+    )

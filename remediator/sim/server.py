@@ -80,6 +80,7 @@ def create_app(
     router = app.router
     router.add_get("/version", discovery.version)
     router.add_get("/version/", discovery.version)
+    router.add_get("/openapi/v2", discovery.openapi_v2)
     router.add_get("/healthz", discovery.healthz)
     router.add_get("/livez", discovery.healthz)
     router.add_get("/readyz", discovery.healthz)

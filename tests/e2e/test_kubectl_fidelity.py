@@ -211,3 +211,31 @@ async def test_exec_streams_a_binary_bug_report(kubectl: Kubectl) -> None:
     rc, data, _ = await kubectl.run(*base, "cat", "/tmp/report.gz")
     assert rc == 0
     assert "nvidia-bug-report.sh" in gzip.decompress(data).decode()
+
+
+async def test_apply_get_and_delete_a_disruption_budget(
+    kubectl: Kubectl, tmp_path: pathlib.Path
+) -> None:
+    manifest = tmp_path / "pdb.yaml"
+    manifest.write_text(
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\n"
+        "metadata: {name: dashboard, namespace: monitoring}\n"
+        "spec: {minAvailable: 1, selector: {matchLabels: {app: dashboard}}}\n"
+    )
+    assert "created" in await kubectl.ok("apply", "-f", str(manifest))
+    stored = kubectl.sim.store.must_get("poddisruptionbudgets.policy", "monitoring", "dashboard")
+    assert stored["status"]["disruptionsAllowed"] == 1
+    table = (await kubectl.ok("get", "pdb", "-n", "monitoring")).splitlines()
+    assert table[0].split() == [
+        "NAME",
+        "MIN",
+        "AVAILABLE",
+        "MAX",
+        "UNAVAILABLE",
+        "ALLOWED",
+        "DISRUPTIONS",
+        "AGE",
+    ]
+    assert table[1].split()[:4] == ["dashboard", "1", "N/A", "1"]
+    await kubectl.ok("delete", "pdb", "-n", "monitoring", "dashboard")
+    assert kubectl.sim.store.get("poddisruptionbudgets.policy", "monitoring", "dashboard") is None
