@@ -131,7 +131,7 @@ def check_eviction(cluster: cluster_mod.Cluster, pod: Obj) -> None:
     pdbs = []
     for pdb in cluster.store.iter(PDB, pod["metadata"]["namespace"]):
         reqs = selectors.selector_from_label_selector(pdb["spec"].get("selector"))
-        if reqs and selectors.matches_labels(reqs, labels):
+        if reqs is not None and selectors.matches_labels(reqs, labels):
             pdbs.append(pdb)
     if not pdbs:
         return

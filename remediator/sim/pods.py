@@ -65,7 +65,7 @@ def delete_pod(
         grace = (
             default if default is not None else pod["spec"].get("terminationGracePeriodSeconds", 30)
         )
-    grace = max(0, int(grace))
+    grace = int(grace) if int(grace) >= 0 else 1  # the apiserver turns negative into 1
     if dry_run:
         return pod
     if pod["metadata"].get("deletionTimestamp"):
