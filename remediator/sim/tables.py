@@ -50,12 +50,34 @@ def human_duration(seconds: float) -> str:
     return f"{hours // 24 // 365}y"
 
 
-def _age(obj: Obj) -> str:
-    created = obj["metadata"].get("creationTimestamp")
-    if not created:
+def _since(stamp: str | None) -> str:
+    if not stamp:
         return "<unknown>"
-    moment = datetime.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    try:
+        moment = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return "<unknown>"
     return human_duration((store.utcnow() - moment).total_seconds())
+
+
+def _age(obj: Obj) -> str:
+    return _since(obj["metadata"].get("creationTimestamp"))
+
+
+def _last_seen(event: Obj) -> str:
+    series = event.get("series") or {}
+    stamp = (
+        series.get("lastObservedTime")
+        or event.get("lastTimestamp")
+        or event.get("eventTime")
+        or event["metadata"].get("creationTimestamp")
+    )
+    return _since(stamp)
+
+
+def _involved(event: Obj) -> str:
+    ref = event.get("involvedObject") or event.get("regarding") or {}
+    return f"{str(ref.get('kind', '')).lower()}/{ref.get('name', '')}"
 
 
 def _node_status(node: Obj) -> str:
@@ -117,6 +139,13 @@ COLUMNS: dict[str, list[Column]] = {
         ("Node", "string", 1, lambda p: _or_none(p["spec"].get("nodeName"))),
         ("Nominated Node", "string", 1, lambda p: "<none>"),
         ("Readiness Gates", "string", 1, lambda p: "<none>"),
+    ],
+    "events": [
+        ("Last Seen", "string", 0, _last_seen),
+        ("Type", "string", 0, lambda e: e.get("type", "")),
+        ("Reason", "string", 0, lambda e: e.get("reason", "")),
+        ("Object", "string", 0, _involved),
+        ("Message", "string", 0, lambda e: e.get("message") or e.get("note") or ""),
     ],
     "poddisruptionbudgets.policy": [
         NAME,

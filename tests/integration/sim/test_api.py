@@ -359,3 +359,37 @@ async def test_kubectl_style_table_requests_get_server_side_printing(
     assert cells[:4] == ["jupyter-alice", "1/1", "Running", 0]
     assert cells[6] == "gpu-node-03"
     assert table["rows"][0]["object"]["kind"] == "PartialObjectMetadata"
+
+
+async def test_event_tables_show_what_happened_to_which_object(
+    sim_server: testing.RunningSim,
+) -> None:
+    sim_server.store.create(
+        "events",
+        {
+            "metadata": {"name": "gpu-node-01.1", "namespace": "default"},
+            "involvedObject": {"kind": "Node", "name": "gpu-node-01"},
+            "reason": "Cordoned",
+            "message": "cordoned by remediator",
+            "type": "Normal",
+        },
+    )
+    headers = {**sim_server.headers, "Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}
+    async with (
+        aiohttp.ClientSession(headers=headers) as http,
+        http.get(f"{sim_server.url}/api/v1/namespaces/default/events") as resp,
+    ):
+        table = await resp.json()
+    assert [c["name"] for c in table["columnDefinitions"]] == [
+        "Last Seen",
+        "Type",
+        "Reason",
+        "Object",
+        "Message",
+    ]
+    assert table["rows"][0]["cells"][1:] == [
+        "Normal",
+        "Cordoned",
+        "node/gpu-node-01",
+        "cordoned by remediator",
+    ]
