@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from remediator import actions as builtin_actions
-from remediator.adapters import files, metrics, notify
+from remediator.adapters import files, kubernetes, metrics, notify
 from remediator.adapters.db import database, intake, migrate, queries, retention, store
 from remediator.adapters.http import api, auth, health
 from remediator.adapters.http import errors as http_errors
@@ -94,7 +94,9 @@ class Components:
             cluster=cluster,
             clock=clock,
             observer=self.metrics,
+            extra={"artifact_dir": settings.artifact_dir},
         )
+        self.services = services
         self.engine = worker.Engine(
             services,
             self.rules,
@@ -196,6 +198,9 @@ def _lifecycle(*, run_engine: bool) -> Callable[[web.Application], AsyncIterator
         components = app[COMPONENTS]
         if components.settings.should_migrate:
             await migrate.upgrade(components.db)
+        if components.cluster is None and components.settings.kubernetes is not None:
+            components.cluster = await kubernetes.connect(components.settings.kubernetes)
+            components.services.cluster = components.cluster
         loops = [asyncio.create_task(components.writer.run(), name="intake-writer")]
         if run_engine:
             loops.append(asyncio.create_task(components.engine.run_forever(), name="engine"))

@@ -12,6 +12,8 @@ from typing import Any, Literal
 import pydantic
 import pydantic_settings
 
+from remediator.adapters import kubernetes as kube_adapter
+
 _CONFIG_FILE: contextvars.ContextVar[pathlib.Path | None] = contextvars.ContextVar(
     "config_file", default=None
 )
@@ -84,6 +86,11 @@ class Settings(pydantic_settings.BaseSettings):
     plugins: list[str] = pydantic.Field(
         default_factory=list,
         description="Python modules with a `register(registry)` function adding actions.",
+    )
+    kubernetes: kube_adapter.KubernetesConfig | None = pydantic.Field(
+        default=None,
+        description="The cluster to act on (in-cluster, kubeconfig or URL + token). Without "
+        "it, Kubernetes actions fail with a clear error and plans cannot read live state.",
     )
     artifact_dir: pathlib.Path = pydantic.Field(
         default=pathlib.Path("artifacts"), description="Where bug reports and other artifacts go."

@@ -28,8 +28,10 @@ from remediator.ports import actions, cluster, notify, observe, store
 logger = logging.getLogger("remediator.engine")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(kw_only=True)
 class Services:
+    """What steps may use. The composition root fills ``cluster`` once it has connected."""
+
     store: store.Store
     registry: actions.Registry
     notifier: notify.Notifier
