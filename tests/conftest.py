@@ -9,7 +9,7 @@ import os
 import pathlib
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -101,18 +101,6 @@ def database_url(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iter
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     yield from fresh_pg_database()
-
-
-@pytest.fixture
-async def migrated_url(database_url: str) -> AsyncIterator[str]:
-    from remediator.adapters.db import database, migrate
-
-    db = database.Database(database_url)
-    try:
-        await migrate.upgrade(db)
-    finally:
-        await db.dispose()
-    yield database_url
 
 
 def run_coroutine(coro: Any) -> Any:

@@ -125,9 +125,7 @@ def mutated_fixtures(draw: st.DrawFn) -> bytes:
 
 
 label_names = st.from_regex(r"\A[a-zA-Z_][a-zA-Z0-9_]{0,20}\Z")
-values = st.text(
-    st.characters(exclude_characters="\x00", exclude_categories=("Cs",)), max_size=40
-)
+values = st.text(st.characters(exclude_characters="\x00", exclude_categories=("Cs",)), max_size=40)
 
 
 @st.composite
