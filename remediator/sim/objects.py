@@ -17,6 +17,10 @@ def random_suffix(n: int = 5) -> str:
     return "".join(random.choice(_ALNUM) for _ in range(n))
 
 
+def _digest(seed: str) -> str:
+    return hashlib.sha256(seed.encode()).hexdigest()[:32]
+
+
 def _ip(seed: str, prefix: str) -> str:
     digest = hashlib.sha256(seed.encode()).digest()
     return f"{prefix}.{digest[0] % 250 + 2}.{digest[1] % 250 + 2}"
@@ -87,15 +91,15 @@ def node(
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             "nodeInfo": {
                 "architecture": "amd64",
-                "bootID": hashlib.md5(name.encode()).hexdigest(),  # noqa: S324
+                "bootID": _digest(name),
                 "containerRuntimeVersion": "containerd://1.7.13",
                 "kernelVersion": "5.15.0-105-generic",
                 "kubeProxyVersion": "v1.29.0",
                 "kubeletVersion": "v1.29.0",
-                "machineID": hashlib.md5(name.encode()).hexdigest(),  # noqa: S324
+                "machineID": _digest(name),
                 "operatingSystem": "linux",
                 "osImage": "Ubuntu 22.04.4 LTS",
-                "systemUUID": hashlib.md5(b"uuid" + name.encode()).hexdigest(),  # noqa: S324
+                "systemUUID": _digest("uuid/" + name),
             },
         },
     }

@@ -58,7 +58,7 @@ def delete_pod(
     """Graceful deletion: set deletionTimestamp; the controller loop removes it later."""
     st = cluster.store
     pod = st.must_get("pods", ns, name)
-    check_preconditions(pod, options, resources.find("", "v1", "pods"))  # type: ignore[arg-type]
+    check_preconditions(pod, options, resources.by_store_key("pods"))
     grace = options.get("gracePeriodSeconds")
     if grace is None:
         default = cluster.settings.default_grace_seconds
@@ -96,7 +96,7 @@ async def evict(
     if pod is None:
         raise errors.not_found("pods", name)
     options = body.get("deleteOptions") or {}
-    check_preconditions(pod, options, resources.find("", "v1", "pods"))  # type: ignore[arg-type]
+    check_preconditions(pod, options, resources.by_store_key("pods"))
     disruption.check_eviction(cluster, pod)
     dry_run = "All" in request.query.getall("dryRun", []) or "All" in (options.get("dryRun") or [])
     delete_pod(cluster, ns, name, options, dry_run=dry_run)

@@ -223,6 +223,7 @@ async def handle(
     protocol = next((p for p in PROTOCOLS if p in offered), "channel.k8s.io")
     record.transport = f"spdy:{protocol}"
     session = Session(request.transport)
+    # aiohttp feeds an upgraded connection to any object with feed_data/feed_eof.
     request.protocol.set_parser(session)  # type: ignore[arg-type]
     request.protocol.keep_alive(False)
     response = web.StreamResponse(
