@@ -62,7 +62,11 @@ class Gpu:
 
     @property
     def handle_error(self) -> str:
-        return f"Unable to determine the device handle for GPU{self.pci_bus_id[4:]}: Unknown Error"
+        # exit code 15 is NVML_ERROR_GPU_IS_LOST, whose nvmlErrorString this is
+        return (
+            f"Unable to determine the device handle for GPU{self.pci_bus_id[4:]}: GPU is lost.  "
+            "Reboot the system to recover this GPU"
+        )
 
 
 @dataclasses.dataclass

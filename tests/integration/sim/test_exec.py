@@ -168,7 +168,8 @@ async def test_a_lost_gpu_answers_with_exit_code_15(
     result = await driver_exec("gpu-node-03", ["nvidia-smi", "-i", "3", "-q"])
     assert result.exit_code == 15
     assert result.text == (
-        "Unable to determine the device handle for GPU0000:48:00.0: Unknown Error\n"
+        "Unable to determine the device handle for GPU0000:48:00.0: GPU is lost.  "
+        "Reboot the system to recover this GPU\n"
     )
     table = await driver_exec("gpu-node-03", ["nvidia-smi"])
     assert table.exit_code == 15
