@@ -125,3 +125,18 @@ class AuditEvent:
     data: dict[str, Any]
     prev_hash: str
     hash: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """Which kinds of engine work exist right now (one cheap read, without the write lock)."""
+
+    episodes: bool
+    expired: bool
+    startable: bool
+    advance: bool
+    due: bool
+
+    @property
+    def any(self) -> bool:
+        return self.episodes or self.expired or self.startable or self.advance or self.due

@@ -33,6 +33,7 @@ class RulesSource(Protocol):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineSettings:
     poll_interval: float = 1.0
+    min_pass_interval: float = 0.02
     lease_seconds: float = 30.0
     max_concurrent_steps: int = 16
     batch: int = 50
@@ -71,19 +72,31 @@ class Engine:
             except errors.StoreUnavailable as e:
                 logger.warning("engine pass skipped: %s", e)
                 busy = False
-            if busy:
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
+            if not busy:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
             self._wake.clear()
+            # Gather what arrives meanwhile into the next pass instead of one pass per delivery.
+            await asyncio.sleep(self.settings.min_pass_interval)
 
     async def tick(self) -> bool:
-        """One pass over all kinds of work. Returns whether anything happened."""
-        busy = await self.handle_episodes()
-        busy |= await self.sweep()
-        busy |= await self.start_runs()
-        busy |= await self.advance_runs()
-        busy |= await self.claim_steps()
+        """One pass over the kinds of work that exist. Returns whether anything happened.
+
+        A read-only probe comes first, so an idle pass takes no write lock (on SQLite the
+        webhook's commits would otherwise queue behind empty engine transactions).
+        """
+        work = await self.services.store.probe()
+        busy = False
+        if work.episodes:
+            busy |= await self.handle_episodes()
+        if work.expired:
+            busy |= await self.sweep()
+        if work.startable:
+            busy |= await self.start_runs()
+        if work.advance:
+            busy |= await self.advance_runs()
+        if work.due:
+            busy |= await self.claim_steps()
         return busy
 
     async def handle_episodes(self) -> bool:

@@ -90,3 +90,7 @@ class Tx(Protocol):
 
 class Store(Protocol):
     def transaction(self, operation: str = "engine") -> AbstractAsyncContextManager[Tx]: ...
+
+    async def probe(self) -> records.Probe:
+        """What kinds of work exist, read without taking the write lock."""
+        ...

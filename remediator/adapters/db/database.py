@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
@@ -22,6 +22,8 @@ from sqlalchemy.ext import asyncio as sa_async
 from remediator.domain import errors
 
 logger = logging.getLogger("remediator.db")
+
+T = TypeVar("T")
 
 
 def normalise_url(url: str) -> str:
@@ -52,8 +54,9 @@ class Database:
         self.timeout = timeout
         self.engine = sa_async.create_async_engine(self.url, **kwargs)
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
+        self._sync_engine: sa.Engine | None = None
         if self.is_sqlite:
-            self._configure_sqlite()
+            self._configure_sqlite(self.engine.sync_engine)
         self.latency_observer: Any = None
 
     @property
@@ -64,9 +67,7 @@ class Database:
     def is_postgres(self) -> bool:
         return self.dialect == "postgresql"
 
-    def _configure_sqlite(self) -> None:
-        sync_engine = self.engine.sync_engine
-
+    def _configure_sqlite(self, sync_engine: sa.Engine) -> None:
         @event.listens_for(sync_engine, "connect")
         def _on_connect(dbapi_connection: Any, _record: Any) -> None:
             dbapi_connection.isolation_level = None
@@ -101,6 +102,36 @@ class Database:
                 await conn.close()
         self._observe(operation, started)
 
+    async def write_sync(self, operation: str, work: Callable[[sa.Connection], T]) -> T:
+        """Run ``work`` in one write transaction, as a single call into the database.
+
+        On SQLite that call is one hop to a worker thread with a plain sqlite3 connection
+        (aiosqlite would hop once per cursor operation, a dozen times per transaction); on
+        Postgres it runs over asyncpg through SQLAlchemy's ``run_sync``.
+        """
+        started = time.perf_counter()
+        if not self.is_sqlite:
+            async with self.write(operation) as conn:
+                result: T = await conn.run_sync(work)
+            return result
+        assert self._write_lock is not None
+        async with self._write_lock, self._translated():
+            result = await asyncio.to_thread(self._run_sync_sqlite, work)
+        self._observe(operation, started)
+        return result
+
+    def _run_sync_sqlite(self, work: Callable[[sa.Connection], T]) -> T:
+        if self._sync_engine is None:
+            url = sa.engine.make_url(self.url).set(drivername="sqlite+pysqlite")
+            self._sync_engine = sa.create_engine(
+                url, connect_args={"timeout": self.timeout, "check_same_thread": False}
+            )
+            self._configure_sqlite(self._sync_engine)
+        with self._sync_engine.connect() as conn:
+            conn = conn.execution_options(sqlite_immediate=True)
+            with conn.begin():
+                return work(conn)
+
     @contextlib.asynccontextmanager
     async def read(self, operation: str = "read") -> AsyncIterator[sa_async.AsyncConnection]:
         started = time.perf_counter()
@@ -128,6 +159,8 @@ class Database:
 
     async def dispose(self) -> None:
         await self.engine.dispose()
+        if self._sync_engine is not None:
+            self._sync_engine.dispose()
 
 
 def _short(error: BaseException) -> str:

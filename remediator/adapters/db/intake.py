@@ -100,32 +100,34 @@ class IntakeWriter:
 
     async def _commit(self, batch: list[Delivery]) -> list[Stored]:
         now = self.clock()
-        async with self.db.write("intake") as conn:
-            delivery_rows = [
-                {
-                    "received_at": now,
-                    "receiver": d.payload.receiver,
-                    "status": d.payload.status.value,
-                    "group_key": d.payload.group_key,
-                    "alert_count": len(d.payload.alerts),
-                    "principal": d.principal,
-                    "remote": d.remote,
-                    "body": d.body,
-                }
-                for d in batch
-            ]
-            inserted = await conn.execute(
-                sa.insert(tables.deliveries).returning(
-                    tables.deliveries.c.id, sort_by_parameter_order=True
-                ),
-                delivery_rows,
-            )
-            ids = [row.id for row in inserted]
-            episodes, first_delivery = _merge_episodes(batch, ids, now)
-            changed_keys: set[_Key] = set()
-            if episodes:
-                result = await conn.execute(self._upsert(), episodes)
-                changed_keys = {(row.fingerprint, row.starts_at) for row in result}
+        return await self.db.write_sync("intake", lambda conn: self._write(conn, batch, now))
+
+    def _write(self, conn: sa.Connection, batch: list[Delivery], now: dt.datetime) -> list[Stored]:
+        delivery_rows = [
+            {
+                "received_at": now,
+                "receiver": d.payload.receiver,
+                "status": d.payload.status.value,
+                "group_key": d.payload.group_key,
+                "alert_count": len(d.payload.alerts),
+                "principal": d.principal,
+                "remote": d.remote,
+                "body": d.body,
+            }
+            for d in batch
+        ]
+        inserted = conn.execute(
+            sa.insert(tables.deliveries).returning(
+                tables.deliveries.c.id, sort_by_parameter_order=True
+            ),
+            delivery_rows,
+        )
+        ids = [row.id for row in inserted]
+        episodes, first_delivery = _merge_episodes(batch, ids, now)
+        changed_keys: set[_Key] = set()
+        if episodes:
+            result = conn.execute(self._upsert(), episodes)
+            changed_keys = {(row.fingerprint, row.starts_at) for row in result}
         return [
             Stored(
                 delivery_id=delivery_id,

@@ -96,6 +96,56 @@ def step_from_row(row: Any) -> records.Step:
     )
 
 
+def _unhandled_episodes() -> Any:
+    return sa.or_(E.c.handled_status.is_(None), E.c.handled_status != E.c.status)
+
+
+def _expired_leases(now: dt.datetime) -> Any:
+    return sa.and_(S.c.status == runs.StepStatus.RUNNING.value, S.c.lease_expires_at < now)
+
+
+def _startable_runs() -> Any:
+    """Pending runs whose node is not held by another run (no point trying those)."""
+    held = sa.exists(
+        sa.select(L.c.key).where(L.c.key == sa.literal("node:") + R.c.node, L.c.run_id != R.c.id)
+    )
+    return sa.and_(
+        R.c.status == runs.RunStatus.PENDING.value,
+        sa.or_(R.c.node.is_(None), R.c.exclusive.is_(False), ~held),
+    )
+
+
+def _advanceable_runs() -> Any:
+    """Running runs whose steps are all finished or not yet due (the engine advances them)."""
+    active_step = sa.select(S.c.id).where(
+        S.c.run_id == R.c.id,
+        sa.or_(
+            S.c.status.in_(
+                [runs.StepStatus.RUNNING.value, runs.StepStatus.WAITING_APPROVAL.value]
+            ),
+            sa.and_(S.c.status == runs.StepStatus.PENDING.value, S.c.due_at.is_not(None)),
+        ),
+    )
+    return sa.and_(R.c.status == runs.RunStatus.RUNNING.value, ~sa.exists(active_step))
+
+
+def _due_steps(now: dt.datetime) -> Any:
+    """Due pending steps of running runs. A resolved alert never starts a step of its run
+    (unless the playbook says continue), even between storing the resolution and handling it."""
+    resolved = sa.exists(
+        sa.select(E.c.id).where(
+            E.c.id == R.c.episode_id, E.c.status == alerts.AlertStatus.RESOLVED.value
+        )
+    )
+    return sa.and_(
+        S.c.status == runs.StepStatus.PENDING.value,
+        S.c.due_at.is_not(None),
+        S.c.due_at <= now,
+        R.c.status == runs.RunStatus.RUNNING.value,
+        ~sa.and_(R.c.kind == runs.RunKind.ALERT.value, R.c.on_resolve != "continue", resolved),
+    )
+
+
 class SqlStore:
     def __init__(self, db: database.Database, *, clock: Callable[[], dt.datetime]) -> None:
         self.db = db
@@ -111,6 +161,21 @@ class SqlStore:
                 # lock-order deadlocks between replicas.
                 await tx._head()
             yield tx
+
+    async def probe(self) -> records.Probe:
+        now = self.clock()
+        query = sa.select(
+            sa.exists(sa.select(E.c.id).where(_unhandled_episodes())).label("episodes"),
+            sa.exists(sa.select(S.c.id).where(_expired_leases(now))).label("expired"),
+            sa.exists(sa.select(R.c.id).where(_startable_runs())).label("startable"),
+            sa.exists(sa.select(R.c.id).where(_advanceable_runs())).label("advance"),
+            sa.exists(
+                sa.select(S.c.id).join(R, R.c.id == S.c.run_id).where(_due_steps(now))
+            ).label("due"),
+        )
+        async with self.db.read("probe") as conn:
+            row = (await conn.execute(query)).one()
+        return records.Probe(**{key: bool(value) for key, value in row._mapping.items()})
 
 
 class SqlTx:
@@ -192,7 +257,7 @@ class SqlTx:
     async def lock_unhandled_episodes(self, limit: int) -> list[records.Episode]:
         query = self._lock_rows(
             sa.select(E)
-            .where(sa.or_(E.c.handled_status.is_(None), E.c.handled_status != E.c.status))
+            .where(_unhandled_episodes())
             .order_by(E.c.id)
             .limit(limit)
         )
@@ -302,7 +367,7 @@ class SqlTx:
     async def lock_pending_runs(self, limit: int) -> list[records.Run]:
         query = self._lock_rows(
             sa.select(R)
-            .where(R.c.status == runs.RunStatus.PENDING.value)
+            .where(_startable_runs())
             .order_by(R.c.id)
             .limit(limit)
         )
@@ -419,27 +484,10 @@ class SqlTx:
         The attempt counter and the lease are the persisted intent: if this worker dies, the
         lease expires and the next attempt knows one was made.
         """
-        # A resolved alert never starts a step of its run (unless the playbook says continue),
-        # even in the moment between storing the resolution and handling it.
-        resolved = sa.exists(
-            sa.select(E.c.id).where(
-                E.c.id == R.c.episode_id, E.c.status == alerts.AlertStatus.RESOLVED.value
-            )
-        )
         due = self._lock_rows(
             sa.select(S.c.id)
             .join(R, R.c.id == S.c.run_id)
-            .where(
-                S.c.status == runs.StepStatus.PENDING.value,
-                S.c.due_at.is_not(None),
-                S.c.due_at <= self.now,
-                R.c.status == runs.RunStatus.RUNNING.value,
-                ~sa.and_(
-                    R.c.kind == runs.RunKind.ALERT.value,
-                    R.c.on_resolve != "continue",
-                    resolved,
-                ),
-            )
+            .where(_due_steps(self.now))
             .order_by(S.c.due_at, S.c.id)
             .limit(limit)
         )
@@ -471,10 +519,7 @@ class SqlTx:
     async def expired_leases(self, limit: int) -> list[records.Step]:
         query = self._lock_rows(
             sa.select(S)
-            .where(
-                S.c.status == runs.StepStatus.RUNNING.value,
-                S.c.lease_expires_at < self.now,
-            )
+            .where(_expired_leases(self.now))
             .order_by(S.c.lease_expires_at)
             .limit(limit)
         )
@@ -487,19 +532,8 @@ class SqlTx:
         return [step_from_row(row) for row in await self.conn.execute(query)]
 
     async def active_runs_with_no_active_step(self, limit: int) -> list[records.Run]:
-        """Running runs whose steps are all finished or not yet due (the engine advances them)."""
-        active_step = sa.select(S.c.id).where(
-            S.c.run_id == R.c.id,
-            sa.or_(
-                S.c.status.in_([runs.StepStatus.RUNNING.value, "waiting_approval"]),
-                sa.and_(S.c.status == runs.StepStatus.PENDING.value, S.c.due_at.is_not(None)),
-            ),
-        )
         query = self._lock_rows(
-            sa.select(R)
-            .where(R.c.status == runs.RunStatus.RUNNING.value, ~sa.exists(active_step))
-            .order_by(R.c.id)
-            .limit(limit)
+            sa.select(R).where(_advanceable_runs()).order_by(R.c.id).limit(limit)
         )
         return [run_from_row(row) for row in await self.conn.execute(query)]
 

@@ -1,0 +1,55 @@
+# remediator — make targets. `make` alone lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: help install system-deps postgres run demo sim test test-fast lint format bench-ingest docs clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install remediator with its dev tools
+
+system-deps: ## Install the programs the tests drive (Prometheus, Alertmanager, kubectl, Chromium)
+	@bash .ci/system-deps
+
+postgres: ## Make sure PostgreSQL answers on 127.0.0.1:5432
+	@bash .ci/postgres
+
+run: install ## Run the server on SQLite with the playbooks in rules/ (http://127.0.0.1:8080)
+	$(BIN)/remediator serve
+
+sim: install ## Run the simulated GPU cluster (Kubernetes API on 127.0.0.1:6443)
+	$(BIN)/remediator sim
+
+lint: install ## ruff, formatting, mypy --strict, import contracts, playbook lint
+	$(BIN)/ruff check remediator tests bench migrations
+	$(BIN)/ruff format --check remediator tests bench migrations
+	$(BIN)/mypy remediator
+	$(BIN)/lint-imports
+	$(BIN)/remediator lint rules
+
+format: install ## Reformat and autofix
+	$(BIN)/ruff format remediator tests bench migrations
+	$(BIN)/ruff check --fix remediator tests bench migrations
+
+test: install system-deps postgres lint ## The whole suite, on SQLite and Postgres (what CI runs)
+	$(BIN)/python -m pytest -q -p no:randomly
+
+test-fast: install ## Unit tests only
+	$(BIN)/python -m pytest -q tests/unit
+
+bench-ingest: install ## Benchmark the webhook against a bare durable-insert server
+	$(BIN)/python -m bench.ingest
+
+clean: ## Remove the virtualenv and local databases
+	rm -rf $(VENV) remediator.db remediator.db-wal remediator.db-shm artifacts
