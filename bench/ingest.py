@@ -39,25 +39,30 @@ def _port() -> int:
         return int(sock.getsockname()[1])
 
 
-def deliveries(seed: int = 7) -> Iterator[bytes]:
-    """Endless realistic deliveries: 90 % repeats, 8 % new episodes, 2 % resolutions.
+NEW_FRACTION = 0.03
+
+
+def deliveries(seed: int = 7, new_fraction: float | None = None) -> Iterator[bytes]:
+    """Endless realistic deliveries: mostly repeats, some new episodes, a third of those resolve.
 
     Alertmanager re-sends every alert of a group at each group interval and repeat interval,
     so repeats dominate; new episodes (and the runs they start) are the minority even in a storm.
+    ``new_fraction`` (default 3 %) sets how many deliveries carry a new episode.
     """
+    fraction = NEW_FRACTION if new_fraction is None else new_fraction
     rng = random.Random(seed)
     bodies = [json.loads(p.read_bytes()) for p in sorted(FIXTURES.glob("*firing*.json"))]
     episode = 0
     while True:
         body = json.loads(json.dumps(rng.choice(bodies)))
         roll = rng.random()
-        if roll >= 0.90:
+        if roll < fraction:
             episode += 1
         for alert in body["alerts"]:
-            if roll >= 0.90:
+            if roll < fraction:
                 alert["startsAt"] = f"2026-11-30T00:{episode % 60:02d}:{episode // 60 % 60:02d}Z"
                 alert["fingerprint"] = f"{(hash(alert['fingerprint']) + episode) % 16**16:016x}"
-            if roll >= 0.98:
+            if roll < fraction / 3:
                 alert["status"] = "resolved"
                 alert["endsAt"] = "2026-11-30T01:00:00Z"
         yield json.dumps(body, separators=(",", ":")).encode() + b"\n"
@@ -72,12 +77,27 @@ def server(kind: str, parent: pathlib.Path) -> Iterator[str]:
     if kind == "bare":
         argv = [sys.executable, "-m", "bench.bare_server", str(workdir / "bare.db"), str(port)]
     else:
-        argv = [sys.executable, "-m", "remediator", "serve", "--listen", f"127.0.0.1:{port}",
-                "--database-url", f"sqlite+aiosqlite:///{workdir / 'remediator.db'}",
-                "--rules", str(ROOT / "rules")]
+        argv = [
+            sys.executable,
+            "-m",
+            "remediator",
+            "serve",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--database-url",
+            f"sqlite+aiosqlite:///{workdir / 'remediator.db'}",
+            "--rules",
+            str(ROOT / "rules"),
+        ]
         env |= {"REMEDIATOR_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -93,21 +113,23 @@ def server(kind: str, parent: pathlib.Path) -> Iterator[str]:
         proc.wait(30)
 
 
-async def closed_loop(url: str, concurrency: int, duration: float) -> tuple[int, list[float]]:
-    source = deliveries()
+async def closed_loop(
+    url: str, concurrency: int, duration: float, new_fraction: float = NEW_FRACTION
+) -> tuple[int, list[float]]:
+    source = deliveries(new_fraction=new_fraction)
     latencies: list[float] = []
     done = 0
     stop = time.monotonic() + duration
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=concurrency)
-    ) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+
         async def worker() -> None:
             nonlocal done
             while time.monotonic() < stop:
                 body = next(source)
                 started = time.perf_counter()
-                async with session.post(f"{url}/api/v1/alerts", data=body,
-                                        headers={"Content-Type": "application/json"}) as r:
+                async with session.post(
+                    f"{url}/api/v1/alerts", data=body, headers={"Content-Type": "application/json"}
+                ) as r:
                     await r.read()
                     assert r.status == 200, r.status
                 latencies.append(time.perf_counter() - started)
@@ -117,14 +139,18 @@ async def closed_loop(url: str, concurrency: int, duration: float) -> tuple[int,
     return done, latencies
 
 
-async def open_loop(url: str, rate: float, duration: float) -> list[float]:
-    source = deliveries(seed=11)
+async def open_loop(
+    url: str, rate: float, duration: float, new_fraction: float = NEW_FRACTION
+) -> list[float]:
+    source = deliveries(seed=11, new_fraction=new_fraction)
     latencies: list[float] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as session:
+
         async def one(body: bytes) -> None:
             started = time.perf_counter()
-            async with session.post(f"{url}/api/v1/alerts", data=body,
-                                    headers={"Content-Type": "application/json"}) as r:
+            async with session.post(
+                f"{url}/api/v1/alerts", data=body, headers={"Content-Type": "application/json"}
+            ) as r:
                 await r.read()
                 assert r.status == 200, r.status
             latencies.append(time.perf_counter() - started)
@@ -148,27 +174,45 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument(
+        "--new-fraction",
+        type=float,
+        default=NEW_FRACTION,
+        help="share of deliveries that start a new alert episode (default 0.03)",
+    )
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("bare", "remediator"):
             with server(kind, pathlib.Path(tmp)) as url:
                 asyncio.run(closed_loop(url, args.concurrency, 1.0))  # warm-up
-                done, lat = asyncio.run(closed_loop(url, args.concurrency, args.duration))
-                results[kind] = {"rate": done / args.duration, "p50": pct(lat, 50),
-                                 "p99": pct(lat, 99)}
+                done, lat = asyncio.run(
+                    closed_loop(url, args.concurrency, args.duration, args.new_fraction)
+                )
+                results[kind] = {
+                    "rate": done / args.duration,
+                    "p50": pct(lat, 50),
+                    "p99": pct(lat, 99),
+                }
         half = results["bare"]["rate"] / 2
         for kind in ("bare", "remediator"):
             with server(kind, pathlib.Path(tmp)) as url:
-                lat = asyncio.run(open_loop(url, half, args.duration))
+                lat = asyncio.run(open_loop(url, half, args.duration, args.new_fraction))
                 results[kind] |= {"half_p50": pct(lat, 50), "half_p99": pct(lat, 99)}
-    print(f"concurrency {args.concurrency}, {args.duration:g}s per phase, "
-          f"{os.cpu_count()} CPUs, SQLite WAL synchronous=FULL")
-    print(f"{'server':<12}{'deliveries/s':>14}{'p50 ms':>9}{'p99 ms':>9}"
-          f"{'  at half load (' + format(half, '.0f') + '/s): p50 ms':>36}{'p99 ms':>9}")
+    print(
+        f"concurrency {args.concurrency}, {args.duration:g}s per phase, "
+        f"{args.new_fraction:.0%} new episodes, "
+        f"{os.cpu_count()} CPUs, SQLite WAL synchronous=FULL"
+    )
+    print(
+        f"{'server':<12}{'deliveries/s':>14}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'  at half load (' + format(half, '.0f') + '/s): p50 ms':>36}{'p99 ms':>9}"
+    )
     for kind, r in results.items():
-        print(f"{kind:<12}{r['rate']:>14.0f}{r['p50']:>9.1f}{r['p99']:>9.1f}"
-              f"{r['half_p50']:>36.1f}{r['half_p99']:>9.1f}")
+        print(
+            f"{kind:<12}{r['rate']:>14.0f}{r['p50']:>9.1f}{r['p99']:>9.1f}"
+            f"{r['half_p50']:>36.1f}{r['half_p99']:>9.1f}"
+        )
     print(f"ratio remediator/bare: {results['remediator']['rate'] / results['bare']['rate']:.2f}")
 
 

@@ -24,9 +24,10 @@ from remediator.adapters.http import errors as http_errors
 from remediator.adapters.http import intake as http_intake
 from remediator.app import settings as settings_mod
 from remediator.domain import auth as domain_auth
-from remediator.domain import errors, playbooks
+from remediator.domain import errors, playbooks, records
 from remediator.engine import executor, lifecycle, worker
 from remediator.ports import actions, cluster
+from remediator.ports import store as store_port
 
 logger = logging.getLogger("remediator")
 
@@ -121,13 +122,15 @@ class Components:
         approve: bool,
         comment: str,
     ) -> dict[str, Any]:
-        async with self.store.transaction("approval") as tx:
-            step = await tx.get_step(step_id)
+        def work(tx: store_port.Tx) -> records.Step:
+            step = tx.get_step(step_id)
             if step is None or step.run_id != run_id:
                 raise errors.NotFound(f"step {step_id} of run {run_id} not found")
-            moved = await lifecycle.decide_approval(
+            return lifecycle.decide_approval(
                 tx, step_id, principal=principal.name, approve=approve, comment=comment
             )
+
+        moved = await self.store.run("approval", work)
         self.engine.wake()
         return {"runId": run_id, "stepId": step_id, "status": moved.status.value}
 

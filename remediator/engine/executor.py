@@ -88,9 +88,16 @@ class StepRunner:
         while True:
             await asyncio.sleep(interval)
             try:
-                async with self.services.store.transaction("heartbeat") as tx:
-                    until = lifecycle.lease_until(tx.now, self.lease_seconds)
-                    kept = await tx.update_step_output(step.id, self.owner, dict(progress), until)
+                snapshot = dict(progress)
+                kept = await self.services.store.run(
+                    "heartbeat",
+                    lambda tx: tx.update_step_output(
+                        step.id,
+                        self.owner,
+                        snapshot,
+                        lifecycle.lease_until(tx.now, self.lease_seconds),
+                    ),
+                )
             except errors.StoreUnavailable:
                 logger.warning("heartbeat for step %s failed; will retry", step.id)
                 continue
@@ -101,14 +108,16 @@ class StepRunner:
     async def _context(
         self, step: records.Step, progress: dict[str, Any]
     ) -> tuple[records.Run, actions.ActionContext, bool]:
-        async with self.services.store.transaction("load") as tx:
-            run = await tx.get_run(step.run_id)
+        def load(
+            tx: store.Tx,
+        ) -> tuple[records.Run, records.Episode | None, dict[str, Any]]:
+            run = tx.get_run(step.run_id)
             assert run is not None
-            episode = await tx.get_episode(run.episode_id) if run.episode_id else None
-            applied: dict[str, Any] = {}
-            if step.undo_of is not None:
-                original = await tx.get_step(step.undo_of)
-                applied = dict(original.output) if original else {}
+            episode = tx.get_episode(run.episode_id) if run.episode_id else None
+            original = tx.get_step(step.undo_of) if step.undo_of is not None else None
+            return run, episode, dict(original.output) if original else {}
+
+        run, episode, applied = await self.services.store.run("load", load)
 
         async def report(update: dict[str, Any]) -> None:
             progress.clear()
@@ -202,47 +211,50 @@ class StepRunner:
         return _Result(status, output, message, retry_at)
 
     async def _record(self, step: records.Step, result: _Result) -> None:
+        finished: list[str] = []
+
+        def work(tx: store.Tx) -> None:
+            current = tx.get_step(step.id)
+            if current is None or current.lease_owner != self.owner:
+                logger.warning("step %s changed hands; result not recorded", step.id)
+                return
+            values: dict[str, Any] = {"output": result.output, "error": result.error}
+            reason = result.error or "done"
+            if result.retry_at is not None:
+                values |= {"due_at": result.retry_at, "lease_owner": None, "lease_expires_at": None}
+                reason = f"{result.error}; retry at {result.retry_at.isoformat()}"
+            moved = tx.transition_step(
+                current,
+                result.status,
+                actor=lifecycle.ENGINE,
+                reason=reason,
+                values=values,
+                expect_owner=self.owner,
+                event_data={"output": result.output} if result.output else None,
+            )
+            finished.extend(self._after(tx, moved))
+
         try:
-            async with self.services.store.transaction("step.finish") as tx:
-                current = await tx.get_step(step.id)
-                if current is None or current.lease_owner != self.owner:
-                    logger.warning("step %s changed hands; result not recorded", step.id)
-                    return
-                values: dict[str, Any] = {"output": result.output, "error": result.error}
-                if result.retry_at is not None:
-                    values |= {
-                        "due_at": result.retry_at,
-                        "lease_owner": None,
-                        "lease_expires_at": None,
-                    }
-                reason = result.error or "done"
-                if result.retry_at is not None:
-                    reason = f"{result.error}; retry at {result.retry_at.isoformat()}"
-                moved = await tx.transition_step(
-                    current,
-                    result.status,
-                    actor=lifecycle.ENGINE,
-                    reason=reason,
-                    values=values,
-                    expect_owner=self.owner,
-                    event_data={"output": result.output} if result.output else None,
-                )
-                await self._after(tx, moved)
+            await self.services.store.run("step.finish", work)
         except errors.Conflict as e:
             logger.warning("step %s: %s", step.id, e)
+        for playbook in finished:
+            self.services.observer.run_finished(playbook, runs.RunStatus.FAILED.value)
 
-    async def _after(self, tx: store.Tx, step: records.Step) -> None:
+    def _after(self, tx: store.Tx, step: records.Step) -> list[str]:
+        """Consequences of a recorded outcome; returns playbooks of runs it failed."""
         if step.status is runs.StepStatus.SUCCEEDED and step.undo_of is not None:
-            original = await tx.get_step(step.undo_of)
+            original = tx.get_step(step.undo_of)
             if original is not None and original.status is runs.StepStatus.SUCCEEDED:
-                await tx.transition_step(
+                tx.transition_step(
                     original,
                     runs.StepStatus.UNDONE,
                     actor=lifecycle.ENGINE,
                     reason=f"undone by step {step.id}",
                 )
         if step.status is runs.StepStatus.FAILED and step.on_failure == "stop":
-            run = await tx.get_run(step.run_id)
+            run = tx.get_run(step.run_id)
             assert run is not None
-            await lifecycle.stop_after_failure(tx, run, step)
-            self.services.observer.run_finished(run.playbook, runs.RunStatus.FAILED.value)
+            lifecycle.stop_after_failure(tx, run, step)
+            return [run.playbook]
+        return []

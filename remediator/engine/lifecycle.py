@@ -33,7 +33,7 @@ class Outcome:
     runs_finished: tuple[tuple[str, str], ...] = ()
 
 
-async def handle_episode(
+def handle_episode(
     tx: store.Tx,
     episode: records.Episode,
     *,
@@ -44,23 +44,23 @@ async def handle_episode(
     created = 0
     if episode.status is alerts.AlertStatus.FIRING:
         for playbook in index.match(episode.labels):
-            created += await _create_alert_run(tx, playbook, episode, registry, dry_run=dry_run)
+            created += _create_alert_run(tx, playbook, episode, registry, dry_run=dry_run)
     elif episode.handled_status is None:
-        await tx.add_event(
+        tx.add_event(
             "episode.resolved_unseen",
             actor=ENGINE,
             episode_id=episode.id,
             reason="first delivery was already resolved; nothing is started",
         )
     else:
-        for run in await tx.runs_of_episode(episode.id):
+        for run in tx.runs_of_episode(episode.id):
             if run.kind is runs.RunKind.ALERT:
-                created += await resolve_run(tx, run)
-    await tx.mark_episode_handled(episode)
+                created += resolve_run(tx, run)
+    tx.mark_episode_handled(episode)
     return created
 
 
-async def _create_alert_run(
+def _create_alert_run(
     tx: store.Tx,
     playbook: playbooks.Playbook,
     episode: records.Episode,
@@ -71,8 +71,8 @@ async def _create_alert_run(
     new = planning.plan_alert_run(playbook, episode, registry, dry_run=dry_run)
     if new.status is runs.RunStatus.PENDING and playbook.cooldown and new.node:
         key = f"cooldown:{playbook.name}:{new.node}"
-        if not await tx.try_lock(key, run_id=None, expires_at=tx.now + playbook.cooldown):
-            await tx.add_event(
+        if not tx.try_lock(key, run_id=None, expires_at=tx.now + playbook.cooldown):
+            tx.add_event(
                 "run.suppressed",
                 actor=ENGINE,
                 episode_id=episode.id,
@@ -80,13 +80,13 @@ async def _create_alert_run(
                 data={"playbook": playbook.name, "node": new.node},
             )
             return 0
-    return 1 if await tx.insert_run(new, actor=ENGINE) is not None else 0
+    return 1 if tx.insert_run(new, actor=ENGINE) is not None else 0
 
 
-async def resolve_run(tx: store.Tx, run: records.Run) -> int:
+def resolve_run(tx: store.Tx, run: records.Run) -> int:
     """The alert behind ``run`` resolved: apply the playbook's ``on_resolve`` policy."""
     policy = playbooks.ResolvePolicy(run.on_resolve)
-    await tx.add_event(
+    tx.add_event(
         "run.alert_resolved",
         actor=ENGINE,
         run_id=run.id,
@@ -95,97 +95,97 @@ async def resolve_run(tx: store.Tx, run: records.Run) -> int:
     )
     if policy is playbooks.ResolvePolicy.CONTINUE:
         return 0
-    steps = await tx.steps_of_run(run.id)
+    steps = tx.steps_of_run(run.id)
     if run.status in runs.RUN_ACTIVE:
         for step in steps:
             if step.status in (runs.StepStatus.PENDING, runs.StepStatus.WAITING_APPROVAL):
-                await tx.transition_step(
+                tx.transition_step(
                     step, runs.StepStatus.CANCELLED, actor=ENGINE, reason="alert resolved"
                 )
         if not any(step.status is runs.StepStatus.RUNNING for step in steps):
-            await finish_run(tx, run, runs.RunStatus.CANCELLED, reason="alert resolved")
+            finish_run(tx, run, runs.RunStatus.CANCELLED, reason="alert resolved")
         return 0
     if policy is playbooks.ResolvePolicy.UNDO:
-        return await create_undo_run(tx, run, steps)
+        return create_undo_run(tx, run, steps)
     return 0
 
 
-async def create_undo_run(tx: store.Tx, run: records.Run, steps: list[records.Step]) -> int:
+def create_undo_run(tx: store.Tx, run: records.Run, steps: list[records.Step]) -> int:
     new = planning.plan_undo_run(run, steps)
     if new is None:
         return 0
-    return 1 if await tx.insert_run(new, actor=ENGINE) is not None else 0
+    return 1 if tx.insert_run(new, actor=ENGINE) is not None else 0
 
 
-async def start_run(tx: store.Tx, run: records.Run, *, concurrency: int) -> bool:
+def start_run(tx: store.Tx, run: records.Run, *, concurrency: int) -> bool:
     taken: list[str] = []
     if run.exclusive and run.node:
         key = f"node:{run.node}"
-        if not await tx.try_lock(key, run_id=run.id, expires_at=None):
+        if not tx.try_lock(key, run_id=run.id, expires_at=None):
             return False
         taken.append(key)
     for slot in range(concurrency):
         key = f"slot:{run.playbook}:{slot}"
-        if await tx.try_lock(key, run_id=run.id, expires_at=None):
+        if tx.try_lock(key, run_id=run.id, expires_at=None):
             break
     else:
-        await tx.release_locks(taken)
+        tx.release_locks(taken)
         return False
-    await tx.transition_run(run, runs.RunStatus.RUNNING, actor=ENGINE, reason="locks acquired")
+    tx.transition_run(run, runs.RunStatus.RUNNING, actor=ENGINE, reason="locks acquired")
     return True
 
 
-async def advance_run(tx: store.Tx, run: records.Run) -> tuple[str, str] | None:
+def advance_run(tx: store.Tx, run: records.Run) -> tuple[str, str] | None:
     """Make the next step due, park for approval, or finish. Returns a finished run's status."""
-    steps = await tx.steps_of_run(run.id)
+    steps = tx.steps_of_run(run.id)
     for step in steps:
         if step.status is not runs.StepStatus.PENDING:
             continue
         if step.requires_approval and step.phase is runs.StepPhase.DO:
-            await tx.transition_step(
+            tx.transition_step(
                 step, runs.StepStatus.WAITING_APPROVAL, actor=ENGINE, reason="needs approval"
             )
-            await tx.transition_run(
+            tx.transition_run(
                 run, runs.RunStatus.WAITING_APPROVAL, actor=ENGINE, reason=f"step {step.key}"
             )
         else:
-            await tx.set_step_due(step, tx.now)
+            tx.set_step_due(step, tx.now)
         return None
     final = runs.final_run_status([step.status for step in steps])
     if final is None:
         return None
-    await finish_run(tx, run, final, reason="all steps finished")
+    finish_run(tx, run, final, reason="all steps finished")
     return (run.playbook, final.value)
 
 
-async def finish_run(
+def finish_run(
     tx: store.Tx, run: records.Run, status: runs.RunStatus, *, reason: str
 ) -> records.Run:
-    finished = await tx.transition_run(run, status, actor=ENGINE, reason=reason)
-    await tx.release_run_locks(run.id)
+    finished = tx.transition_run(run, status, actor=ENGINE, reason=reason)
+    tx.release_run_locks(run.id)
     if (
         run.kind is runs.RunKind.ALERT
         and run.episode_id is not None
         and run.on_resolve == playbooks.ResolvePolicy.UNDO.value
     ):
-        episode = await tx.get_episode(run.episode_id)
+        episode = tx.get_episode(run.episode_id)
         if episode is not None and episode.status is alerts.AlertStatus.RESOLVED:
-            await create_undo_run(tx, finished, await tx.steps_of_run(run.id))
+            create_undo_run(tx, finished, tx.steps_of_run(run.id))
     return finished
 
 
-async def stop_after_failure(tx: store.Tx, run: records.Run, failed: records.Step) -> None:
-    for step in await tx.steps_of_run(run.id):
+def stop_after_failure(tx: store.Tx, run: records.Run, failed: records.Step) -> None:
+    for step in tx.steps_of_run(run.id):
         if step.status is runs.StepStatus.PENDING:
-            await tx.transition_step(
+            tx.transition_step(
                 step, runs.StepStatus.SKIPPED, actor=ENGINE, reason=f"step {failed.key} failed"
             )
-    current = await tx.get_run(run.id)
+    current = tx.get_run(run.id)
     if current is not None and current.status in runs.RUN_ACTIVE:
-        await finish_run(tx, current, runs.RunStatus.FAILED, reason=f"step {failed.key} failed")
+        finish_run(tx, current, runs.RunStatus.FAILED, reason=f"step {failed.key} failed")
 
 
-async def decide_approval(
+def decide_approval(
     tx: store.Tx,
     step_id: int,
     *,
@@ -195,15 +195,15 @@ async def decide_approval(
     record: object = None,
 ) -> records.Step:
     """Approve or reject a waiting step. A second decision on a moved step is a ``Conflict``."""
-    step = await tx.get_step(step_id)
+    step = tx.get_step(step_id)
     if step is None:
         raise errors.NotFound(f"step {step_id} not found")
     if step.status is not runs.StepStatus.WAITING_APPROVAL:
         raise errors.Conflict(f"step {step_id} is {step.status.value}, not waiting for approval")
-    run = await tx.get_run(step.run_id)
+    run = tx.get_run(step.run_id)
     assert run is not None
     if approve:
-        moved = await tx.transition_step(
+        moved = tx.transition_step(
             step,
             runs.StepStatus.PENDING,
             actor=principal,
@@ -211,21 +211,21 @@ async def decide_approval(
             values={"due_at": tx.now},
             event_data={"decision": "approved"},
         )
-        await tx.transition_run(run, runs.RunStatus.RUNNING, actor=principal, reason=comment)
+        tx.transition_run(run, runs.RunStatus.RUNNING, actor=principal, reason=comment)
         return moved
-    moved = await tx.transition_step(
+    moved = tx.transition_step(
         step,
         runs.StepStatus.REJECTED,
         actor=principal,
         reason=comment,
         event_data={"decision": "rejected"},
     )
-    for other in await tx.steps_of_run(run.id):
+    for other in tx.steps_of_run(run.id):
         if other.status is runs.StepStatus.PENDING:
-            await tx.transition_step(
+            tx.transition_step(
                 other, runs.StepStatus.SKIPPED, actor=principal, reason="run rejected"
             )
-    await finish_run(tx, run, runs.RunStatus.REJECTED, reason=comment)
+    finish_run(tx, run, runs.RunStatus.REJECTED, reason=comment)
     return moved
 
 

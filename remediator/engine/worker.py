@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime as dt
 import logging
 import uuid
 from typing import Protocol
 
 from remediator.domain import errors, playbooks, records, runs
 from remediator.engine import executor, lifecycle
+from remediator.ports import store
 
 logger = logging.getLogger("remediator.engine")
 
@@ -100,41 +102,46 @@ class Engine:
         return busy
 
     async def handle_episodes(self) -> bool:
-        async with self.services.store.transaction("episodes") as tx:
-            episodes = await tx.lock_unhandled_episodes(self.settings.batch)
-            created = 0
-            for episode in episodes:
-                created += await lifecycle.handle_episode(
-                    tx,
-                    episode,
-                    index=self.rules.index,
-                    registry=self.services.registry,
-                    dry_run=self.settings.dry_run,
+        index, registry, dry_run = self.rules.index, self.services.registry, self.settings.dry_run
+
+        def work(tx: store.Tx) -> tuple[int, int]:
+            episodes = tx.lock_unhandled_episodes(self.settings.batch)
+            created = sum(
+                lifecycle.handle_episode(
+                    tx, episode, index=index, registry=registry, dry_run=dry_run
                 )
+                for episode in episodes
+            )
+            return len(episodes), created
+
+        handled, created = await self.services.store.run("episodes", work)
         if created:
             self.services.observer.runs_created(created)
-        return bool(episodes)
+        return bool(handled)
 
     async def start_runs(self) -> bool:
-        started = False
-        async with self.services.store.transaction("start") as tx:
-            for run in await tx.lock_pending_runs(self.settings.batch):
-                playbook = self.rules.index.get(run.playbook)
+        index = self.rules.index
+
+        def work(tx: store.Tx) -> bool:
+            started = False
+            for run in tx.lock_pending_runs(self.settings.batch):
+                playbook = index.get(run.playbook)
                 concurrency = playbook.concurrency if playbook else 1
-                started |= await lifecycle.start_run(tx, run, concurrency=concurrency)
-        return started
+                started |= lifecycle.start_run(tx, run, concurrency=concurrency)
+            return started
+
+        return await self.services.store.run("start", work)
 
     async def advance_runs(self) -> bool:
-        finished: list[tuple[str, str]] = []
-        async with self.services.store.transaction("advance") as tx:
-            candidates = await tx.active_runs_with_no_active_step(self.settings.batch)
-            for run in candidates:
-                done = await lifecycle.advance_run(tx, run)
-                if done:
-                    finished.append(done)
+        def work(tx: store.Tx) -> tuple[bool, list[tuple[str, str]]]:
+            candidates = tx.active_runs_with_no_active_step(self.settings.batch)
+            finished = [done for run in candidates if (done := lifecycle.advance_run(tx, run))]
+            return bool(candidates), finished
+
+        busy, finished = await self.services.store.run("advance", work)
         for playbook, state in finished:
             self.services.observer.run_finished(playbook, state)
-        return bool(candidates)
+        return busy
 
     async def claim_steps(self) -> bool:
         if self._stopping:
@@ -142,10 +149,12 @@ class Engine:
         room = self.settings.max_concurrent_steps - len(self._in_flight)
         if room <= 0:
             return False
-        async with self.services.store.transaction("claim") as tx:
+
+        def work(tx: store.Tx) -> tuple[list[records.Step], dt.datetime]:
             until = lifecycle.lease_until(tx.now, self.settings.lease_seconds)
-            claimed = await tx.claim_due_steps(owner=self.owner, lease_until=until, limit=room)
-            now = tx.now
+            return tx.claim_due_steps(owner=self.owner, lease_until=until, limit=room), tx.now
+
+        claimed, now = await self.services.store.run("claim", work)
         for step in claimed:
             if step.due_at is not None:
                 self.services.observer.claim_lag((now - step.due_at).total_seconds())
@@ -182,32 +191,39 @@ class Engine:
 
     async def sweep(self) -> bool:
         """Hand back steps whose worker stopped renewing its lease (crashed or partitioned)."""
-        async with self.services.store.transaction("sweep") as tx:
-            expired = await tx.expired_leases(self.settings.batch)
+        mine = set(self._in_flight)
+
+        def work(tx: store.Tx) -> bool:
+            expired = tx.expired_leases(self.settings.batch)
             for step in expired:
-                if step.id in self._in_flight:
+                if step.id in mine:
                     continue
                 lost = step.attempt >= step.max_attempts + self.settings.max_lost_leases
-                target = runs.StepStatus.FAILED if lost else runs.StepStatus.PENDING
-                reason = (
-                    f"worker {step.lease_owner} lost; giving up after {step.attempt} attempts"
-                    if lost
-                    else f"lease of {step.lease_owner} expired; re-queued (effect re-checked)"
-                )
-                moved = await tx.transition_step(
+                if lost:
+                    reason = (
+                        f"worker {step.lease_owner} lost; gave up after {step.attempt} attempts"
+                    )
+                    moved = tx.transition_step(
+                        step,
+                        runs.StepStatus.FAILED,
+                        actor=lifecycle.ENGINE,
+                        reason=reason,
+                        values={"error": reason},
+                    )
+                    run = tx.get_run(step.run_id)
+                    if run is not None and moved.on_failure == "stop":
+                        lifecycle.stop_after_failure(tx, run, moved)
+                    continue
+                tx.transition_step(
                     step,
-                    target,
+                    runs.StepStatus.PENDING,
                     actor=lifecycle.ENGINE,
-                    reason=reason,
-                    values={"lease_owner": None, "lease_expires_at": None, "due_at": tx.now}
-                    if not lost
-                    else {"error": reason},
+                    reason=f"lease of {step.lease_owner} expired; re-queued (effect re-checked)",
+                    values={"lease_owner": None, "lease_expires_at": None, "due_at": tx.now},
                 )
-                if lost and moved.on_failure == "stop":
-                    run = await tx.get_run(step.run_id)
-                    if run is not None:
-                        await lifecycle.stop_after_failure(tx, run, moved)
-        return bool(expired)
+            return bool(expired)
+
+        return await self.services.store.run("sweep", work)
 
     async def stop(self) -> None:
         """Stop claiming; let in-flight steps finish within the grace period; hand back the rest."""
@@ -223,13 +239,15 @@ class Engine:
         await self._release_own_leases()
 
     async def _release_own_leases(self) -> None:
+        def work(tx: store.Tx) -> None:
+            for step in tx.steps_leased_by(self.owner):
+                tx.transition_step(
+                    step,
+                    runs.StepStatus.PENDING,
+                    actor=lifecycle.ENGINE,
+                    reason="worker shutting down; handed back (effect re-checked)",
+                    values={"lease_owner": None, "lease_expires_at": None, "due_at": tx.now},
+                )
+
         with contextlib.suppress(errors.StoreUnavailable):
-            async with self.services.store.transaction("release") as tx:
-                for step in await tx.steps_leased_by(self.owner):
-                    await tx.transition_step(
-                        step,
-                        runs.StepStatus.PENDING,
-                        actor=lifecycle.ENGINE,
-                        reason="worker shutting down; handed back (effect re-checked)",
-                        values={"lease_owner": None, "lease_expires_at": None, "due_at": tx.now},
-                    )
+            await self.services.store.run("release", work)

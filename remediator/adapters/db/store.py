@@ -1,20 +1,18 @@
 """The engine's unit of work over SQL: guarded transitions, claims, locks and the audit chain.
 
-Every method runs inside the caller's transaction (``async with store.transaction() as tx``),
-so a transition and its audit event commit together or not at all.
+Every ``SqlTx`` method runs inside the transaction ``SqlStore.run`` opened, so a transition and
+its audit event commit together or not at all.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext import asyncio as sa_async
 
 from remediator.adapters.db import database, tables
 from remediator.domain import alerts, audit, errors, records, runs
@@ -25,6 +23,8 @@ S = tables.steps
 L = tables.locks
 A = tables.audit_events
 H = tables.audit_head
+
+T = TypeVar("T")
 
 
 def episode_from_row(row: Any) -> records.Episode:
@@ -120,9 +120,7 @@ def _advanceable_runs() -> Any:
     active_step = sa.select(S.c.id).where(
         S.c.run_id == R.c.id,
         sa.or_(
-            S.c.status.in_(
-                [runs.StepStatus.RUNNING.value, runs.StepStatus.WAITING_APPROVAL.value]
-            ),
+            S.c.status.in_([runs.StepStatus.RUNNING.value, runs.StepStatus.WAITING_APPROVAL.value]),
             sa.and_(S.c.status == runs.StepStatus.PENDING.value, S.c.due_at.is_not(None)),
         ),
     )
@@ -147,20 +145,28 @@ def _due_steps(now: dt.datetime) -> Any:
 
 
 class SqlStore:
+    """Runs the engine's transactions. Each transaction is synchronous code run as one call
+    into the database (a worker thread on SQLite, ``run_sync`` over asyncpg on Postgres), so
+    the write lock is never held across event-loop turns."""
+
     def __init__(self, db: database.Database, *, clock: Callable[[], dt.datetime]) -> None:
         self.db = db
         self.clock = clock
 
-    @contextlib.asynccontextmanager
-    async def transaction(self, operation: str = "engine") -> AsyncIterator[SqlTx]:
-        async with self.db.write(operation) as conn:
-            tx = SqlTx(conn, db=self.db, now=self.clock())
+    async def run(self, operation: str, work: Callable[[SqlTx], T]) -> T:
+        """Run ``work(tx)`` in one write transaction; committed if it returns."""
+        now = self.clock()
+
+        def in_transaction(conn: sa.Connection) -> T:
+            tx = SqlTx(conn, db=self.db, now=now)
             if self.db.is_postgres:
                 # Take the audit chain head first: every engine transaction appends events, and
                 # taking this one lock before any row lock keeps the chain linear and rules out
                 # lock-order deadlocks between replicas.
-                await tx._head()
-            yield tx
+                tx._head()
+            return work(tx)
+
+        return await self.db.write_sync(operation, in_transaction)
 
     async def probe(self) -> records.Probe:
         now = self.clock()
@@ -169,9 +175,9 @@ class SqlStore:
             sa.exists(sa.select(S.c.id).where(_expired_leases(now))).label("expired"),
             sa.exists(sa.select(R.c.id).where(_startable_runs())).label("startable"),
             sa.exists(sa.select(R.c.id).where(_advanceable_runs())).label("advance"),
-            sa.exists(
-                sa.select(S.c.id).join(R, R.c.id == S.c.run_id).where(_due_steps(now))
-            ).label("due"),
+            sa.exists(sa.select(S.c.id).join(R, R.c.id == S.c.run_id).where(_due_steps(now))).label(
+                "due"
+            ),
         )
         async with self.db.read("probe") as conn:
             row = (await conn.execute(query)).one()
@@ -179,9 +185,7 @@ class SqlStore:
 
 
 class SqlTx:
-    def __init__(
-        self, conn: sa_async.AsyncConnection, *, db: database.Database, now: dt.datetime
-    ) -> None:
+    def __init__(self, conn: sa.Connection, *, db: database.Database, now: dt.datetime) -> None:
         self.conn = conn
         self.db = db
         self.now = now
@@ -199,7 +203,7 @@ class SqlTx:
 
     # -- audit -----------------------------------------------------------------------------
 
-    async def add_event(
+    def add_event(
         self,
         kind: str,
         *,
@@ -213,7 +217,7 @@ class SqlTx:
         data: dict[str, Any] | None = None,
     ) -> int:
         """Append one audit event, linked into the hash chain in this transaction."""
-        last_id, last_hash = await self._head()
+        last_id, last_hash = self._head()
         content: dict[str, Any] = {
             "at": self.now,
             "kind": kind,
@@ -228,25 +232,23 @@ class SqlTx:
         }
         event_id = (last_id or 0) + 1
         digest = audit.chain_hash(last_hash, {**content, "id": event_id})
-        await self.conn.execute(
+        self.conn.execute(
             sa.insert(A).values(id=event_id, prev_hash=last_hash, hash=digest, **content)
         )
-        await self.conn.execute(
+        self.conn.execute(
             sa.update(H).where(H.c.id == 1).values(last_id=event_id, last_hash=digest)
         )
         self._chain_head = (event_id, digest)
         return event_id
 
-    async def _head(self) -> tuple[int | None, str]:
+    def _head(self) -> tuple[int | None, str]:
         if self._chain_head is None:
             query = sa.select(H.c.last_id, H.c.last_hash).where(H.c.id == 1)
             if self.db.is_postgres:
                 query = query.with_for_update()
-            row = (await self.conn.execute(query)).one_or_none()
+            row = (self.conn.execute(query)).one_or_none()
             if row is None:
-                await self.conn.execute(
-                    sa.insert(H).values(id=1, last_id=None, last_hash=audit.GENESIS)
-                )
+                self.conn.execute(sa.insert(H).values(id=1, last_id=None, last_hash=audit.GENESIS))
                 self._chain_head = (None, audit.GENESIS)
             else:
                 self._chain_head = (row.last_id, row.last_hash)
@@ -254,27 +256,24 @@ class SqlTx:
 
     # -- episodes --------------------------------------------------------------------------
 
-    async def lock_unhandled_episodes(self, limit: int) -> list[records.Episode]:
+    def lock_unhandled_episodes(self, limit: int) -> list[records.Episode]:
         query = self._lock_rows(
-            sa.select(E)
-            .where(_unhandled_episodes())
-            .order_by(E.c.id)
-            .limit(limit)
+            sa.select(E).where(_unhandled_episodes()).order_by(E.c.id).limit(limit)
         )
-        return [episode_from_row(row) for row in await self.conn.execute(query)]
+        return [episode_from_row(row) for row in self.conn.execute(query)]
 
-    async def mark_episode_handled(self, episode: records.Episode) -> None:
-        await self.conn.execute(
+    def mark_episode_handled(self, episode: records.Episode) -> None:
+        self.conn.execute(
             sa.update(E).where(E.c.id == episode.id).values(handled_status=episode.status.value)
         )
 
-    async def get_episode(self, episode_id: int) -> records.Episode | None:
-        row = (await self.conn.execute(sa.select(E).where(E.c.id == episode_id))).one_or_none()
+    def get_episode(self, episode_id: int) -> records.Episode | None:
+        row = (self.conn.execute(sa.select(E).where(E.c.id == episode_id))).one_or_none()
         return episode_from_row(row) if row else None
 
     # -- runs and steps --------------------------------------------------------------------
 
-    async def insert_run(self, new: records.NewRun, *, actor: str) -> int | None:
+    def insert_run(self, new: records.NewRun, *, actor: str) -> int | None:
         """Create a run and its steps; ``None`` if this episode already has this run."""
         values = {
             "playbook": new.playbook,
@@ -299,12 +298,12 @@ class SqlTx:
             statement = statement.on_conflict_do_nothing(
                 index_elements=[R.c.episode_id, R.c.playbook, R.c.kind]
             )
-        row = (await self.conn.execute(statement.returning(R.c.id))).one_or_none()
+        row = (self.conn.execute(statement.returning(R.c.id))).one_or_none()
         if row is None:
             return None
         run_id = int(row.id)
         if new.steps:
-            await self.conn.execute(
+            self.conn.execute(
                 sa.insert(S),
                 [
                     {
@@ -330,7 +329,7 @@ class SqlTx:
                     for step in new.steps
                 ],
             )
-        await self.add_event(
+        self.add_event(
             "run.created",
             actor=actor,
             run_id=run_id,
@@ -348,32 +347,27 @@ class SqlTx:
         )
         return run_id
 
-    async def get_run(self, run_id: int) -> records.Run | None:
-        row = (await self.conn.execute(sa.select(R).where(R.c.id == run_id))).one_or_none()
+    def get_run(self, run_id: int) -> records.Run | None:
+        row = (self.conn.execute(sa.select(R).where(R.c.id == run_id))).one_or_none()
         return run_from_row(row) if row else None
 
-    async def runs_of_episode(self, episode_id: int) -> list[records.Run]:
+    def runs_of_episode(self, episode_id: int) -> list[records.Run]:
         query = sa.select(R).where(R.c.episode_id == episode_id).order_by(R.c.id)
-        return [run_from_row(row) for row in await self.conn.execute(query)]
+        return [run_from_row(row) for row in self.conn.execute(query)]
 
-    async def steps_of_run(self, run_id: int) -> list[records.Step]:
+    def steps_of_run(self, run_id: int) -> list[records.Step]:
         query = sa.select(S).where(S.c.run_id == run_id).order_by(S.c.seq, S.c.id)
-        return [step_from_row(row) for row in await self.conn.execute(query)]
+        return [step_from_row(row) for row in self.conn.execute(query)]
 
-    async def get_step(self, step_id: int) -> records.Step | None:
-        row = (await self.conn.execute(sa.select(S).where(S.c.id == step_id))).one_or_none()
+    def get_step(self, step_id: int) -> records.Step | None:
+        row = (self.conn.execute(sa.select(S).where(S.c.id == step_id))).one_or_none()
         return step_from_row(row) if row else None
 
-    async def lock_pending_runs(self, limit: int) -> list[records.Run]:
-        query = self._lock_rows(
-            sa.select(R)
-            .where(_startable_runs())
-            .order_by(R.c.id)
-            .limit(limit)
-        )
-        return [run_from_row(row) for row in await self.conn.execute(query)]
+    def lock_pending_runs(self, limit: int) -> list[records.Run]:
+        query = self._lock_rows(sa.select(R).where(_startable_runs()).order_by(R.c.id).limit(limit))
+        return [run_from_row(row) for row in self.conn.execute(query)]
 
-    async def transition_run(
+    def transition_run(
         self,
         run: records.Run | int,
         to: runs.RunStatus,
@@ -388,7 +382,7 @@ class SqlTx:
         values: dict[str, Any] = {"status": to.value, "updated_at": self.now}
         if to in runs.RUN_TERMINAL:
             values["finished_at"] = self.now
-        result = await self.conn.execute(
+        result = self.conn.execute(
             sa.update(R)
             .where(R.c.id == run_id, R.c.status.in_(sources))
             .values(**values)
@@ -396,11 +390,11 @@ class SqlTx:
         )
         row = result.one_or_none()
         if row is None:
-            current = await self.get_run(run_id)
+            current = self.get_run(run_id)
             state = current.status.value if current else "missing"
             raise errors.Conflict(f"run {run_id} is {state}; cannot move it to {to.value}")
         before = run.status.value if isinstance(run, records.Run) else None
-        await self.add_event(
+        self.add_event(
             "run.transition",
             actor=actor,
             run_id=run_id,
@@ -412,7 +406,7 @@ class SqlTx:
         )
         return run_from_row(row)
 
-    async def transition_step(
+    def transition_step(
         self,
         step: records.Step,
         to: runs.StepStatus,
@@ -435,13 +429,11 @@ class SqlTx:
             update.setdefault("lease_owner", None)
             update.setdefault("lease_expires_at", None)
             update.setdefault("due_at", None)
-        result = await self.conn.execute(
-            sa.update(S).where(*conditions).values(**update).returning(*S.c)
-        )
+        result = self.conn.execute(sa.update(S).where(*conditions).values(**update).returning(*S.c))
         row = result.one_or_none()
         if row is None:
             raise errors.Conflict(f"step {step.id} is no longer {step.status.value}")
-        await self.add_event(
+        self.add_event(
             "step.transition",
             actor=actor,
             run_id=step.run_id,
@@ -454,18 +446,18 @@ class SqlTx:
         )
         return step_from_row(row)
 
-    async def set_step_due(self, step: records.Step, due_at: dt.datetime) -> None:
-        await self.conn.execute(
+    def set_step_due(self, step: records.Step, due_at: dt.datetime) -> None:
+        self.conn.execute(
             sa.update(S)
             .where(S.c.id == step.id, S.c.status == runs.StepStatus.PENDING.value)
             .values(due_at=due_at)
         )
 
-    async def update_step_output(
+    def update_step_output(
         self, step_id: int, owner: str, output: dict[str, Any], lease_until: dt.datetime
     ) -> bool:
         """Progress of a running step, and a lease renewal; ``False`` if the lease was lost."""
-        result = await self.conn.execute(
+        result = self.conn.execute(
             sa.update(S)
             .where(
                 S.c.id == step_id,
@@ -476,7 +468,7 @@ class SqlTx:
         )
         return bool(result.rowcount)
 
-    async def claim_due_steps(
+    def claim_due_steps(
         self, *, owner: str, lease_until: dt.datetime, limit: int
     ) -> list[records.Step]:
         """Claim due pending steps of running runs: ``pending → running`` with a lease.
@@ -493,13 +485,13 @@ class SqlTx:
         )
         if self.db.is_postgres:
             due = due.with_for_update(skip_locked=True, of=S)
-        ids = [row.id for row in await self.conn.execute(due)]
+        ids = [row.id for row in self.conn.execute(due)]
         claimed = []
         for step_id in ids:
-            step = await self.get_step(step_id)
+            step = self.get_step(step_id)
             assert step is not None
             claimed.append(
-                await self.transition_step(
+                self.transition_step(
                     step,
                     runs.StepStatus.RUNNING,
                     actor="engine",
@@ -516,34 +508,32 @@ class SqlTx:
             )
         return claimed
 
-    async def expired_leases(self, limit: int) -> list[records.Step]:
+    def expired_leases(self, limit: int) -> list[records.Step]:
         query = self._lock_rows(
             sa.select(S)
             .where(_expired_leases(self.now))
             .order_by(S.c.lease_expires_at)
             .limit(limit)
         )
-        return [step_from_row(row) for row in await self.conn.execute(query)]
+        return [step_from_row(row) for row in self.conn.execute(query)]
 
-    async def steps_leased_by(self, owner: str) -> list[records.Step]:
+    def steps_leased_by(self, owner: str) -> list[records.Step]:
         query = sa.select(S).where(
             S.c.status == runs.StepStatus.RUNNING.value, S.c.lease_owner == owner
         )
-        return [step_from_row(row) for row in await self.conn.execute(query)]
+        return [step_from_row(row) for row in self.conn.execute(query)]
 
-    async def active_runs_with_no_active_step(self, limit: int) -> list[records.Run]:
+    def active_runs_with_no_active_step(self, limit: int) -> list[records.Run]:
         query = self._lock_rows(
             sa.select(R).where(_advanceable_runs()).order_by(R.c.id).limit(limit)
         )
-        return [run_from_row(row) for row in await self.conn.execute(query)]
+        return [run_from_row(row) for row in self.conn.execute(query)]
 
     # -- locks -----------------------------------------------------------------------------
 
-    async def try_lock(
-        self, key: str, *, run_id: int | None, expires_at: dt.datetime | None
-    ) -> bool:
+    def try_lock(self, key: str, *, run_id: int | None, expires_at: dt.datetime | None) -> bool:
         """Take ``key`` unless someone holds it (an expired holder loses it)."""
-        await self.conn.execute(
+        self.conn.execute(
             sa.delete(L).where(
                 L.c.key == key, L.c.expires_at.is_not(None), L.c.expires_at <= self.now
             )
@@ -554,11 +544,11 @@ class SqlTx:
             .on_conflict_do_nothing(index_elements=[L.c.key])
             .returning(L.c.key)
         )
-        return (await self.conn.execute(statement)).one_or_none() is not None
+        return (self.conn.execute(statement)).one_or_none() is not None
 
-    async def lock_holder(self, key: str) -> int | None:
+    def lock_holder(self, key: str) -> int | None:
         row = (
-            await self.conn.execute(
+            self.conn.execute(
                 sa.select(L.c.run_id).where(
                     L.c.key == key, sa.or_(L.c.expires_at.is_(None), L.c.expires_at > self.now)
                 )
@@ -566,16 +556,16 @@ class SqlTx:
         ).one_or_none()
         return row.run_id if row else None
 
-    async def release_run_locks(self, run_id: int) -> None:
+    def release_run_locks(self, run_id: int) -> None:
         """Release what a finished run held, except expiring locks (cooldowns run their time)."""
-        await self.conn.execute(sa.delete(L).where(L.c.run_id == run_id, L.c.expires_at.is_(None)))
+        self.conn.execute(sa.delete(L).where(L.c.run_id == run_id, L.c.expires_at.is_(None)))
 
-    async def release_locks(self, keys: Iterable[str]) -> None:
-        await self.conn.execute(sa.delete(L).where(L.c.key.in_(list(keys))))
+    def release_locks(self, keys: Iterable[str]) -> None:
+        self.conn.execute(sa.delete(L).where(L.c.key.in_(list(keys))))
 
-    async def run_ids_holding(self, prefix: str) -> list[int]:
+    def run_ids_holding(self, prefix: str) -> list[int]:
         query = sa.select(L.c.run_id).where(L.c.key.like(f"{prefix}%"), L.c.run_id.is_not(None))
-        return [row.run_id for row in await self.conn.execute(query)]
+        return [row.run_id for row in self.conn.execute(query)]
 
 
 def is_unique_violation(error: BaseException) -> bool:

@@ -147,8 +147,9 @@ async def test_an_expired_lease_is_swept_and_the_effect_is_not_applied_twice(mak
     await h.engine.start_runs()
     await h.engine.advance_runs()
     # A worker claims the first step, applies its effect, then dies before recording it.
-    async with h.store.transaction() as tx:
-        [step] = await tx.claim_due_steps(owner="dead-worker", lease_until=clock.now, limit=1)
+    [step] = await h.store.run(
+        "test", lambda tx: tx.claim_due_steps(owner="dead-worker", lease_until=clock.now, limit=1)
+    )
     from tests.support import recording
 
     with h.record_path.open("a") as stream:
