@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -88,15 +89,8 @@ class StepRunner:
         while True:
             await asyncio.sleep(interval)
             try:
-                snapshot = dict(progress)
                 kept = await self.services.store.run(
-                    "heartbeat",
-                    lambda tx: tx.update_step_output(
-                        step.id,
-                        self.owner,
-                        snapshot,
-                        lifecycle.lease_until(tx.now, self.lease_seconds),
-                    ),
+                    "heartbeat", functools.partial(self._renew, step.id, dict(progress))
                 )
             except errors.StoreUnavailable:
                 logger.warning("heartbeat for step %s failed; will retry", step.id)
@@ -104,6 +98,10 @@ class StepRunner:
             if not kept:
                 lost.set()
                 return
+
+    def _renew(self, step_id: int, progress: dict[str, Any], tx: store.Tx) -> bool:
+        until = lifecycle.lease_until(tx.now, self.lease_seconds)
+        return tx.update_step_output(step_id, self.owner, progress, until)
 
     async def _context(
         self, step: records.Step, progress: dict[str, Any]

@@ -4,8 +4,8 @@ Implemented by ``adapters.db.store`` over SQLite and Postgres. ``Store.run(opera
 calls ``work(tx)`` inside one transaction: it commits when ``work`` returns and rolls back when it
 raises. ``work`` is synchronous code (decisions and statements only, no waiting on anything
 else), so a transaction is a single call into the database and never holds its locks across
-event-loop turns. ``errors.Conflict`` means a compare-and-set lost (another replica got there first);
-``errors.StoreUnavailable`` means the database could not be reached.
+event-loop turns. ``errors.Conflict`` means a compare-and-set lost (another replica got there
+first); ``errors.StoreUnavailable`` means the database could not be reached.
 """
 
 from __future__ import annotations
