@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -90,6 +91,9 @@ class StepSpec(_Strict):
     action: str
     description: str = ""
     params: dict[str, Any] = pydantic.Field(default_factory=dict)
+    enabled: bool = pydantic.Field(
+        default=True, description="A disabled step is planned as skipped (kept for the record)."
+    )
     requires_approval: bool = False
     approvals: int = pydantic.Field(default=1, ge=1, le=5)
     retries: retry.RetryPolicy = pydantic.Field(
@@ -132,6 +136,36 @@ class ParameterSpec(_Strict):
     required: bool = False
     default: str | int | bool | None = None
     pattern: str | None = None
+
+
+def validate_parameters(
+    specs: Mapping[str, ParameterSpec], given: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """A manual trigger's parameters, typed and checked against the playbook's declaration."""
+    problems = [
+        {"field": f"params.{name}", "message": "unknown parameter"}
+        for name in sorted(set(given) - set(specs))
+    ]
+    values: dict[str, Any] = {}
+    for name, spec in specs.items():
+        if name not in given:
+            if spec.required:
+                problems.append({"field": f"params.{name}", "message": "required"})
+            elif spec.default is not None:
+                values[name] = spec.default
+            continue
+        value = given[name]
+        expected = {ParamType.STRING: str, ParamType.INTEGER: int, ParamType.BOOLEAN: bool}
+        if not isinstance(value, expected[spec.type]) or (
+            spec.type is ParamType.INTEGER and isinstance(value, bool)
+        ):
+            problems.append({"field": f"params.{name}", "message": f"must be a {spec.type}"})
+            continue
+        if spec.pattern and isinstance(value, str) and not re.fullmatch(spec.pattern, value):
+            problems.append({"field": f"params.{name}", "message": f"must match {spec.pattern}"})
+            continue
+        values[name] = value
+    return values, problems
 
 
 class Playbook(_Strict):

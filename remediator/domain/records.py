@@ -90,6 +90,7 @@ class NewStep:
     undo_of: int | None = None
     undo: dict[str, Any] | None = None
     retry: dict[str, Any] = dataclasses.field(default_factory=dict)
+    enabled: bool = True
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

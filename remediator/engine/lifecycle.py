@@ -231,3 +231,22 @@ def decide_approval(
 
 def lease_until(now: dt.datetime, seconds: float) -> dt.datetime:
     return now + dt.timedelta(seconds=seconds)
+
+
+def create_manual_run(
+    tx: store.Tx,
+    playbook: playbooks.Playbook,
+    registry: actions.Registry,
+    *,
+    params: dict[str, object],
+    node: str | None,
+    principal: str,
+    dry_run: bool,
+) -> int:
+    """Record an operator's trigger as a run (the trigger event names the principal)."""
+    new = planning.plan_manual_run(
+        playbook, registry, params=params, node=node, principal=principal, dry_run=dry_run
+    )
+    run_id = tx.insert_run(new, actor=principal)
+    assert run_id is not None
+    return run_id

@@ -61,6 +61,18 @@ def plan_steps(
 ) -> tuple[records.NewStep, ...]:
     planned = []
     for seq, step in enumerate(playbook.steps):
+        if not step.enabled:
+            planned.append(
+                records.NewStep(
+                    seq=seq,
+                    key=step.id,
+                    phase=runs.StepPhase.DO,
+                    action=step.action,
+                    params=dict(step.params),
+                    enabled=False,
+                )
+            )
+            continue
         if step.action not in registry:
             raise PlanningError(f"step {step.id}: unknown action {step.action!r}")
         try:
@@ -191,3 +203,37 @@ def plan_undo_run(run: records.Run, steps: list[records.Step]) -> records.NewRun
         reason=f"alert resolved: undo run {run.id}",
         steps=planned,
     )
+
+
+def plan_manual_run(
+    playbook: playbooks.Playbook,
+    registry: actions.Registry,
+    *,
+    params: Mapping[str, Any],
+    node: str | None,
+    principal: str,
+    dry_run: bool = False,
+) -> records.NewRun:
+    """A run an operator started by hand; ``params`` are already validated by the playbook."""
+    target = Target(node=node, gpu=None)
+    base = records.NewRun(
+        playbook=playbook.name,
+        kind=runs.RunKind.MANUAL,
+        episode_id=None,
+        node=node,
+        gpu=None,
+        exclusive=playbook.exclusive and node is not None,
+        dry_run=dry_run or playbook.dry_run,
+        principal=principal,
+        params=dict(params),
+        on_resolve=playbooks.ResolvePolicy.CONTINUE.value,
+        reason=f"triggered by {principal}",
+    )
+    context = template_context(
+        labels={}, annotations={}, target=target, alert={}, params=params, playbook=playbook.name
+    )
+    try:
+        steps = plan_steps(playbook, registry, context)
+    except PlanningError as e:
+        return dataclasses.replace(base, status=runs.RunStatus.FAILED, reason=str(e))
+    return dataclasses.replace(base, steps=steps)

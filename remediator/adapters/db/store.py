@@ -313,7 +313,9 @@ class SqlTx:
                         "phase": step.phase.value,
                         "action": step.action,
                         "params": step.params,
-                        "status": runs.StepStatus.PENDING.value,
+                        "status": (
+                            runs.StepStatus.PENDING if step.enabled else runs.StepStatus.SKIPPED
+                        ).value,
                         "requires_approval": step.requires_approval,
                         "approvals_required": step.approvals_required,
                         "attempt": 0,
@@ -324,7 +326,7 @@ class SqlTx:
                         "undo": step.undo,
                         "retry": step.retry,
                         "due_at": None,
-                        "output": {},
+                        "output": {} if step.enabled else {"skipped": "disabled in the playbook"},
                     }
                     for step in new.steps
                 ],

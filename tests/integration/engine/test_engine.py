@@ -407,3 +407,57 @@ async def test_each_episode_gets_its_own_run(make_harness, count):
     await h.settle()
     assert sorted(r["status"] for r in await h.runs()) == ["succeeded"] * count
     assert runs.RunStatus.SUCCEEDED.value == "succeeded"
+
+
+async def test_a_disabled_step_is_recorded_as_skipped_and_never_runs(make_harness):
+    h = await make_harness(
+        """
+        name: partly-disabled
+        match: {alertname: GPUXidError79}
+        steps:
+          - {id: a, action: test.record, params: {label: a}}
+          - {id: evict, action: test.record, params: {label: evict}, enabled: false}
+        """
+    )
+    await h.post(alert_body())
+    await h.settle()
+    [run] = await h.runs()
+    detail = await h.run_detail(run["id"])
+    assert detail["status"] == "succeeded"
+    assert [s["status"] for s in detail["steps"]] == ["succeeded", "skipped"]
+    assert applied(h) == ["a"]
+
+
+async def test_a_manual_run_records_its_principal_and_runs(make_harness):
+    from remediator.engine import lifecycle
+
+    h = await make_harness(
+        """
+        name: manual-check
+        manual: true
+        parameters:
+          node: {type: string, required: true, pattern: "[a-z0-9-]+"}
+        steps:
+          - {id: a, action: test.record, params: {label: "{{ params.node }}"}}
+        """
+    )
+    playbook = h.components.rules.index.get("manual-check")
+    run_id = await h.store.run(
+        "trigger",
+        lambda tx: lifecycle.create_manual_run(
+            tx,
+            playbook,
+            h.components.registry,
+            params={"node": "gpu-node-01"},
+            node="gpu-node-01",
+            principal="alice",
+            dry_run=False,
+        ),
+    )
+    await h.settle()
+    detail = await h.run_detail(run_id)
+    assert detail["kind"] == "manual"
+    assert detail["principal"] == "alice"
+    assert detail["status"] == "succeeded"
+    assert detail["events"][0]["actor"] == "alice"
+    assert applied(h) == ["gpu-node-01"]

@@ -94,3 +94,20 @@ def test_index_lookup_cost_does_not_depend_on_unrelated_playbooks():
     finally:
         matching.Matcher.matches = original  # type: ignore[method-assign]
     assert calls == 0
+
+
+def test_manual_parameters_are_typed_and_checked():
+    specs = {
+        "node": playbooks.ParameterSpec(required=True, pattern="[a-z0-9-]+"),
+        "force": playbooks.ParameterSpec(type="boolean", default=False),
+        "limit": playbooks.ParameterSpec(type="integer"),
+    }
+    values, problems = playbooks.validate_parameters(specs, {"node": "gpu-node-01"})
+    assert values == {"node": "gpu-node-01", "force": False}
+    assert problems == []
+    _, problems = playbooks.validate_parameters(
+        specs, {"node": "Bad Node", "limit": True, "extra": 1}
+    )
+    assert sorted(p["field"] for p in problems) == ["params.extra", "params.limit", "params.node"]
+    _, problems = playbooks.validate_parameters(specs, {})
+    assert problems == [{"field": "params.node", "message": "required"}]
