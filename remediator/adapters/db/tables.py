@@ -211,3 +211,45 @@ audit_head = sa.Table(
     sa.Column("last_id", BigID, nullable=True),
     sa.Column("last_hash", sa.String(64), nullable=False),
 )
+
+# Fleet safety guards. ``disruptions`` holds one row per node a run disrupts (cordon, drain,
+# taint, evict): rows without ``released_at`` are the budget in use; rows started within the
+# breaker window count towards tripping it. ``guard_state`` keeps the breaker (open/closed, who
+# reset it) so it holds across restarts and replicas.
+disruptions = sa.Table(
+    "disruptions",
+    metadata,
+    sa.Column("id", BigID, primary_key=True, autoincrement=True),
+    sa.Column("run_id", BigID, sa.ForeignKey("runs.id"), nullable=False),
+    sa.Column("node", sa.String(253), nullable=False),
+    sa.Column("pool", sa.String(253), nullable=True),
+    sa.Column("started_at", UTCDateTime(), nullable=False),
+    sa.Column("released_at", UTCDateTime(), nullable=True),
+    sa.UniqueConstraint("run_id", "node", name="uq_disruptions_run_node"),
+    sa.Index("ix_disruptions_started", "started_at"),
+    sa.Index(
+        "ix_disruptions_active",
+        "node",
+        sqlite_where=sa.text("released_at IS NULL"),
+        postgresql_where=sa.text("released_at IS NULL"),
+    ),
+)
+
+guard_state = sa.Table(
+    "guard_state",
+    metadata,
+    sa.Column("key", sa.String(200), primary_key=True),
+    sa.Column("value", JSONType, nullable=False),
+    sa.Column("updated_at", UTCDateTime(), nullable=False),
+)
+
+# Leader leases for singleton loops when no Kubernetes Lease is available.
+leader_leases = sa.Table(
+    "leader_leases",
+    metadata,
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("holder", sa.String(200), nullable=False),
+    sa.Column("acquired_at", UTCDateTime(), nullable=False),
+    sa.Column("renewed_at", UTCDateTime(), nullable=False),
+    sa.Column("expires_at", UTCDateTime(), nullable=False),
+)
