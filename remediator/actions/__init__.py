@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from remediator.actions import basic, kube
+from remediator.actions import basic, health, kube
 from remediator.ports import actions as ports_actions
 
 
 def builtin_registry() -> ports_actions.Registry:
     registry = ports_actions.Registry()
-    for action in [*basic.ACTIONS, *kube.KUBE_ACTIONS]:
+    for action in [*basic.ACTIONS, *kube.KUBE_ACTIONS, *health.ACTIONS]:
         registry.register(action)
     return registry
