@@ -34,6 +34,7 @@ class CordonAction(actions.Action[NodeParams]):
     name: ClassVar[str] = "node.cordon"
     description: ClassVar[str] = "Mark the node unschedulable (annotated with the run)."
     params_model = NodeParams
+    disruptive: ClassVar[bool] = True
     supports_undo: ClassVar[bool] = True
 
     async def check(self, ctx: actions.ActionContext, params: NodeParams) -> actions.Check:

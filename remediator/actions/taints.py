@@ -80,6 +80,7 @@ class TaintAction(actions.Action[TaintParams]):
     name: ClassVar[str] = "node.taint"
     description: ClassVar[str] = "Add or replace taints on the node; undo restores the old ones."
     params_model = TaintParams
+    disruptive: ClassVar[bool] = True
     supports_undo: ClassVar[bool] = True
 
     async def check(self, ctx: actions.ActionContext, params: TaintParams) -> actions.Check:

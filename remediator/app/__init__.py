@@ -17,16 +17,21 @@ from typing import Any
 from aiohttp import web
 
 from remediator import actions as builtin_actions
-from remediator.adapters import files, kubernetes, metrics, notify
+from remediator.adapters import files, kubernetes, leader, metrics, notify
+from remediator.adapters.db import audit as db_audit
 from remediator.adapters.db import database, intake, migrate, queries, retention, store
-from remediator.adapters.http import api, auth, health
+from remediator.adapters.http import api, auth, health, openapi, pages, runbooks
+from remediator.adapters.http import audit as http_audit
 from remediator.adapters.http import errors as http_errors
+from remediator.adapters.http import guards as guards_http
 from remediator.adapters.http import intake as http_intake
+from remediator.adapters.kubernetes import leases as kube_leases
 from remediator.app import settings as settings_mod
 from remediator.domain import auth as domain_auth
 from remediator.domain import errors, playbooks, records
-from remediator.engine import executor, lifecycle, worker
+from remediator.engine import executor, guarding, lifecycle, worker
 from remediator.ports import actions, cluster
+from remediator.ports import leader as leader_port
 from remediator.ports import store as store_port
 
 logger = logging.getLogger("remediator")
@@ -107,11 +112,44 @@ class Components:
                 max_concurrent_steps=settings.max_concurrent_steps,
                 dry_run=settings.dry_run,
                 shutdown_grace=settings.shutdown_grace,
+                guards=settings.guards,
+                guard_channel=settings.guard_channel,
             ),
             owner=settings.worker_id,
         )
         self.writer = intake.IntakeWriter(self.db, clock=clock, on_change=self.engine.wake)
+        # Singleton loops run only on the leader (``_lifecycle`` builds the elector); the
+        # engine's lease sweeper asks the same elector.
+        self.singletons: dict[str, leader.Loop] = {"retention": lambda: _retention(self)}
+        self.elector: leader.Elector | None = None
+        self.engine.is_leader = self.is_leader
         self.tokens = files.load_tokens(settings.tokens) if settings.tokens else None
+
+    async def breaker_status(self) -> dict[str, Any]:
+        status = await self.store.run("breaker", guarding.breaker_status)
+
+        def budget(tx: store_port.Tx) -> list[str]:
+            snapshot = tx.guard_snapshot(
+                node=None, since=tx.now, disruptive_playbooks=[], gpu_nodes=None
+            )
+            return sorted(snapshot.disrupted_nodes)
+
+        return {**status, "disrupted_nodes": await self.store.run("budget", budget)}
+
+    async def reset_breaker(self, *, principal: str, comment: str) -> dict[str, Any]:
+        state = await self.store.run(
+            "breaker.reset",
+            lambda tx: guarding.reset_breaker(tx, principal=principal, comment=comment),
+        )
+        self.engine.wake()
+        return dict(state)
+
+    def is_leader(self) -> bool:
+        return self.elector is not None and self.elector.is_leader
+
+    def add_singleton(self, name: str, loop: leader.Loop) -> None:
+        """Register a loop that only the leader runs (before the app starts)."""
+        self.singletons[name] = loop
 
     async def decide(
         self,
@@ -122,7 +160,7 @@ class Components:
         approve: bool,
         comment: str,
     ) -> dict[str, Any]:
-        def work(tx: store_port.Tx) -> records.Step:
+        def work(tx: store.SqlTx) -> records.Step:
             step = tx.get_step(step_id)
             if step is None or step.run_id != run_id:
                 raise errors.NotFound(f"step {step_id} of run {run_id} not found")
@@ -132,7 +170,54 @@ class Components:
 
         moved = await self.store.run("approval", work)
         self.engine.wake()
-        return {"runId": run_id, "stepId": step_id, "status": moved.status.value}
+        return {
+            "runId": run_id,
+            "stepId": step_id,
+            "status": moved.status.value,
+            "approvalsRequired": moved.approvals_required,
+        }
+
+    async def trigger(
+        self,
+        *,
+        playbook: playbooks.Playbook,
+        node: str | None,
+        params: dict[str, Any],
+        principal: domain_auth.Principal,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """Start a manual runbook; the run and its ``run.created`` event name the principal."""
+
+        def work(tx: store.SqlTx) -> int:
+            return lifecycle.create_manual_run(
+                tx,
+                playbook,
+                self.registry,
+                params=params,
+                node=node,
+                principal=principal.name,
+                dry_run=dry_run or self.settings.dry_run,
+            )
+
+        run_id = await self.store.run("runbook.trigger", work)
+        self.engine.wake()
+        return {"runId": run_id, "playbook": playbook.name, "node": node, "principal": principal.name}
+
+    async def expire_approvals(self) -> int:
+        """Expire approvals older than ``approval_timeout`` with the configured outcome."""
+        timeout = self.settings.approval_timeout
+        if timeout is None:
+            return 0
+        older_than = self.clock() - dt.timedelta(seconds=timeout)
+        outcome = approvals.ExpiryOutcome(self.settings.approval_expiry_outcome)
+
+        def work(tx: store.SqlTx) -> int:
+            return lifecycle.expire_approvals(tx, older_than=older_than, outcome=outcome)
+
+        expired = await self.store.run("approvals.expire", work)
+        if expired:
+            self.engine.wake()
+        return expired
 
 
 COMPONENTS = web.AppKey("components", Components)
@@ -188,12 +273,39 @@ def create_app(
         components.writer, components.metrics, settings.max_body_bytes
     )
     app[api.API] = api.ApiDeps(components.queries, components.decide)
+    _web_identity(app, settings)
+    app[runbooks.RUNBOOKS] = runbooks.RunbookDeps(
+        components.db, components.rules, components.trigger
+    )
+    app[http_audit.AUDIT] = http_audit.AuditDeps(
+        db_audit.AuditQueries(components.db), settings.artifact_dir
+    )
     app[health.HEALTH] = health.HealthDeps(components.db, components.rules, components.metrics)
+    app[guards_http.GUARDS] = guards_http.GuardDeps(
+        components.breaker_status, components.reset_breaker
+    )
     app.router.add_post("/api/v1/alerts", http_intake.post_alerts)
     api.add_routes(app)
+    guards_http.add_routes(app)
+    runbooks.add_routes(app)
+    http_audit.add_routes(app)
+    pages.add_routes(app)
     health.add_routes(app)
+    openapi.add_routes(app)
+    components.add_singleton("approval-expiry", lambda: expire_approvals_forever(components))
     app.cleanup_ctx.append(_lifecycle(run_engine=run_engine))
     return app
+
+
+def _web_identity(app: web.Application, settings: settings_mod.Settings) -> None:
+    secret = settings.session_secret.get_secret_value().encode() if settings.session_secret else None
+    app[auth.SESSIONS] = auth.Sessions(
+        secret, ttl=settings.session_ttl, secure=settings.cookie_secure
+    )
+    if settings.trusted_proxies and settings.proxy_user_header:
+        app[auth.PROXY] = auth.ProxyTrust(
+            tuple(settings.trusted_proxies), settings.proxy_user_header
+        )
 
 
 def _lifecycle(*, run_engine: bool) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -204,10 +316,12 @@ def _lifecycle(*, run_engine: bool) -> Callable[[web.Application], AsyncIterator
         if components.cluster is None and components.settings.kubernetes is not None:
             components.cluster = await kubernetes.connect(components.settings.kubernetes)
             components.services.cluster = components.cluster
+        elector = components.elector = await _elector(components)
+        await elector.step()
         loops = [asyncio.create_task(components.writer.run(), name="intake-writer")]
         if run_engine:
             loops.append(asyncio.create_task(components.engine.run_forever(), name="engine"))
-        loops.append(asyncio.create_task(_retention(components), name="retention"))
+        loops.append(asyncio.create_task(elector.run(), name="leader-election"))
         for task in loops:
             task.add_done_callback(lambda t: _on_loop_done(app, t))
         yield
@@ -216,6 +330,7 @@ def _lifecycle(*, run_engine: bool) -> Callable[[web.Application], AsyncIterator
         for task in loops:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
+        await elector.stop()
         if components.cluster is not None:
             await components.cluster.close()
         if isinstance(components.notifier, notify.WebhookNotifier):
@@ -234,6 +349,47 @@ def _on_loop_done(app: web.Application, task: asyncio.Task[Any]) -> None:
     signal.raise_signal(signal.SIGTERM)
 
 
+def leader_mode(settings: settings_mod.Settings) -> str:
+    """``auto``: a Kubernetes Lease in a cluster, the database on Postgres, else off (SQLite
+    serves one replica)."""
+    mode = settings.leader_election
+    if mode == "kubernetes" and settings.kubernetes is None:
+        raise SystemExit("leader_election: kubernetes needs the `kubernetes` setting")
+    if mode != "auto":
+        return mode
+    if settings.kubernetes is not None and settings.kubernetes.resolved_mode() == "incluster":
+        return "kubernetes"
+    return "off" if settings.is_sqlite else "database"
+
+
+async def _elector(components: Components) -> leader.Elector:
+    settings = components.settings
+    mode = leader_mode(settings)
+    lease: leader_port.LeaderLease
+    if mode == "kubernetes":
+        assert settings.kubernetes is not None
+        lease = await kube_leases.connect(
+            settings.kubernetes,
+            name=settings.leader_lease_name,
+            namespace=settings.leader_lease_namespace,
+        )
+    elif mode == "database":
+        lease = leader.DatabaseLease(
+            components.db, name=settings.leader_lease_name, clock=components.clock
+        )
+    else:
+        lease = leader.Unopposed()
+    elector = leader.Elector(
+        lease,
+        holder=components.engine.owner,
+        duration=settings.leader_lease_seconds,
+        on_change=components.metrics.set_leader,
+    )
+    for name, loop in components.singletons.items():
+        elector.add_singleton(name, loop)
+    return elector
+
+
 async def _retention(components: Components) -> None:
     while True:
         with contextlib.suppress(Exception):
@@ -243,3 +399,12 @@ async def _retention(components: Components) -> None:
                 - dt.timedelta(days=components.settings.delivery_retention_days),
             )
         await asyncio.sleep(3600)
+
+
+async def expire_approvals_forever(components: Components) -> None:
+    """One singleton loop: expire waiting approvals (safe on several replicas: the expiry is a
+    guarded transition, a second replica finds nothing left to expire)."""
+    while True:
+        with contextlib.suppress(errors.StoreUnavailable):
+            await components.expire_approvals()
+        await asyncio.sleep(components.settings.approval_expiry_interval)

@@ -13,6 +13,7 @@ import pydantic
 import pydantic_settings
 
 from remediator.adapters import kubernetes as kube_adapter
+from remediator.domain import guards as guards_mod
 
 _CONFIG_FILE: contextvars.ContextVar[pathlib.Path | None] = contextvars.ContextVar(
     "config_file", default=None
@@ -87,6 +88,18 @@ class Settings(pydantic_settings.BaseSettings):
         default_factory=list,
         description="Python modules with a `register(registry)` function adding actions.",
     )
+    guards: guards_mod.GuardConfig = pydantic.Field(
+        default_factory=guards_mod.GuardConfig,
+        description="Fleet safety guards (budget, circuit breaker, per-node limits, change "
+        "windows); playbooks may override them.",
+    )
+    guard_channel: str = pydantic.Field(
+        default="default", description="Notification channel told when the breaker opens."
+    )
+    alertmanager_url: pydantic.AnyHttpUrl | None = pydantic.Field(
+        default=None,
+        description="Alertmanager API for silences during disruptive runs (playbook `silence`).",
+    )
     kubernetes: kube_adapter.KubernetesConfig | None = pydantic.Field(
         default=None,
         description="The cluster to act on (in-cluster, kubeconfig or URL + token). Without "
@@ -99,6 +112,61 @@ class Settings(pydantic_settings.BaseSettings):
     log_format: Literal["json", "text"] = "json"
     worker_id: str | None = pydantic.Field(
         default=None, description="Name of this replica in leases and the audit trail."
+    )
+    approval_timeout: float | None = pydantic.Field(
+        default=4 * 3600.0,
+        gt=0,
+        description="Seconds a step waits for approval before it expires (null: never).",
+    )
+    approval_expiry_outcome: Literal["reject", "cancel"] = pydantic.Field(
+        default="reject", description="What an expired approval does to its run."
+    )
+    approval_expiry_interval: float = pydantic.Field(
+        default=30.0, gt=0, description="Seconds between checks for expired approvals."
+    )
+    trusted_proxies: list[pydantic.IPvAnyNetwork] = pydantic.Field(
+        default_factory=list,
+        description="Addresses of authenticating reverse proxies whose user header is trusted.",
+    )
+    proxy_user_header: str | None = pydantic.Field(
+        default=None,
+        description="Header naming the authenticated user (e.g. X-Forwarded-User); honoured "
+        "only from trusted_proxies. The user gets the roles of the tokens-file entry of that "
+        "name.",
+    )
+    session_secret: pydantic.SecretStr | None = pydantic.Field(
+        default=None,
+        description="Key signing web sessions and CSRF tokens (random per process if unset: "
+        "set it when several replicas serve the web page).",
+    )
+    session_ttl: float = pydantic.Field(
+        default=12 * 3600.0, gt=0, description="Seconds a web session lasts."
+    )
+    cookie_secure: bool | None = pydantic.Field(
+        default=None,
+        description="Mark the session cookie Secure. Default: when the request came over TLS.",
+    )
+
+    leader_election: Literal["auto", "database", "kubernetes", "off"] = pydantic.Field(
+        default="auto",
+        description="Who runs the singleton loops (lease sweeper, approval expiry, retention): "
+        "`kubernetes` a coordination.k8s.io Lease, `database` a row in leader_leases, `off` "
+        "every replica (one replica only). `auto`: kubernetes when `kubernetes` is set and "
+        "running in a cluster, else database.",
+    )
+    leader_lease_seconds: float = pydantic.Field(
+        default=15.0,
+        ge=1,
+        description="Leader lease duration; renewed every third of it. A dead leader's loops "
+        "move to another replica within about this time.",
+    )
+    leader_lease_name: str = pydantic.Field(
+        default="remediator", description="Name of the leader lease (row or Lease object)."
+    )
+    leader_lease_namespace: str | None = pydantic.Field(
+        default=None,
+        description="Namespace of the Kubernetes Lease. Default: the pod's own namespace, "
+        "else `remediator`.",
     )
 
     @classmethod

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import pydantic
 
 from remediator.domain import durations, matching, retry, templating
+from remediator.domain import guards as guards_mod
 
 
 class ResolvePolicy(enum.StrEnum):
@@ -168,6 +169,16 @@ def validate_parameters(
     return values, problems
 
 
+class SilenceSpec(_Strict):
+    duration: durations.Duration = pydantic.Field(
+        default=dt.timedelta(hours=2), description="Silence length; renewed while the run lasts."
+    )
+    labels: list[str] = pydantic.Field(
+        default_factory=lambda: ["node"],
+        description="Label names whose values (from the alert) the silence matches on.",
+    )
+
+
 class Playbook(_Strict):
     name: str = pydantic.Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     description: str = ""
@@ -189,6 +200,15 @@ class Playbook(_Strict):
         default=True, description="Hold the node: at most one exclusive run per node at a time."
     )
     dry_run: bool = False
+    guards: guards_mod.GuardOverride = pydantic.Field(
+        default_factory=guards_mod.GuardOverride,
+        description="Overrides of the global fleet guards for this playbook's runs.",
+    )
+    silence: SilenceSpec | None = pydantic.Field(
+        default=None,
+        description="Silence the node's follow-up alerts in Alertmanager while a disruptive run "
+        "is active.",
+    )
     on_resolve: ResolvePolicy = ResolvePolicy.CANCEL
     steps: list[StepSpec] = pydantic.Field(min_length=1)
 

@@ -99,6 +99,33 @@ class StepRunner:
                 lost.set()
                 return
 
+    def _account_disruption(self, tx: store.Tx, step: records.Step) -> None:
+        """Keep the disruption budget truthful: a node returned to service (uncordoned) frees
+        its budget; a disruptive step that ended without effect frees what its run took."""
+        run = tx.get_run(step.run_id)
+        if run is None or run.node is None:
+            return
+        returned = step.action == "node.uncordon" or (
+            step.phase is runs.StepPhase.UNDO and step.action == "node.cordon"
+        )
+        if step.status is runs.StepStatus.SUCCEEDED and returned:
+            tx.release_disruptions(node=run.node)
+            return
+        registry = self.services.registry
+        disruptive = {a.name for a in registry.all() if a.disruptive}
+        if step.action not in disruptive or step.status is runs.StepStatus.SUCCEEDED:
+            return
+        if step.status in runs.STEP_TERMINAL:
+            effective = [
+                other
+                for other in tx.steps_of_run(run.id)
+                if other.action in disruptive
+                and other.phase is runs.StepPhase.DO
+                and other.status in (runs.StepStatus.SUCCEEDED, runs.StepStatus.UNDONE)
+            ]
+            if not effective:
+                tx.release_disruptions(run_id=run.id)
+
     def _renew(self, step_id: int, progress: dict[str, Any], tx: store.Tx) -> bool:
         until = lifecycle.lease_until(tx.now, self.lease_seconds)
         return tx.update_step_output(step_id, self.owner, progress, until)
@@ -241,6 +268,7 @@ class StepRunner:
 
     def _after(self, tx: store.Tx, step: records.Step) -> list[str]:
         """Consequences of a recorded outcome; returns playbooks of runs it failed."""
+        self._account_disruption(tx, step)
         if step.status is runs.StepStatus.SUCCEEDED and step.undo_of is not None:
             original = tx.get_step(step.undo_of)
             if original is not None and original.status is runs.StepStatus.SUCCEEDED:

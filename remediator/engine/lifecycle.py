@@ -16,8 +16,8 @@ import dataclasses
 import datetime as dt
 import logging
 
-from remediator.domain import alerts, errors, playbooks, records, runs
-from remediator.engine import planning
+from remediator.domain import alerts, errors, guards, playbooks, records, runs
+from remediator.engine import approvals, planning
 from remediator.ports import actions, store
 
 logger = logging.getLogger("remediator.engine")
@@ -40,11 +40,19 @@ def handle_episode(
     index: playbooks.PlaybookIndex,
     registry: actions.Registry,
     dry_run: bool,
+    guard_base: guards.GuardConfig | None = None,
 ) -> int:
     created = 0
     if episode.status is alerts.AlertStatus.FIRING:
         for playbook in index.match(episode.labels):
-            created += _create_alert_run(tx, playbook, episode, registry, dry_run=dry_run)
+            created += _create_alert_run(
+                tx,
+                playbook,
+                episode,
+                registry,
+                dry_run=dry_run,
+                guard_base=guard_base or guards.GuardConfig(),
+            )
     elif episode.handled_status is None:
         tx.add_event(
             "episode.resolved_unseen",
@@ -67,8 +75,10 @@ def _create_alert_run(
     registry: actions.Registry,
     *,
     dry_run: bool,
+    guard_base: guards.GuardConfig,
 ) -> int:
     new = planning.plan_alert_run(playbook, episode, registry, dry_run=dry_run)
+    new = _escalate_repeat_offender(tx, new, playbook.guards.apply(guard_base), registry)
     if new.status is runs.RunStatus.PENDING and playbook.cooldown and new.node:
         key = f"cooldown:{playbook.name}:{new.node}"
         if not tx.try_lock(key, run_id=None, expires_at=tx.now + playbook.cooldown):
@@ -81,6 +91,31 @@ def _create_alert_run(
             )
             return 0
     return 1 if tx.insert_run(new, actor=ENGINE) is not None else 0
+
+
+def _escalate_repeat_offender(
+    tx: store.Tx, new: records.NewRun, config: guards.GuardConfig, registry: actions.Registry
+) -> records.NewRun:
+    """A node remediated too often in 24 h gets its disruptive steps gated by an approval:
+    the loop stops at a human instead of cordoning the same node again and again."""
+    if new.status is not runs.RunStatus.PENDING or new.dry_run:
+        return new
+    count = tx.count_node_runs(new.node, since=tx.now - dt.timedelta(hours=24)) if new.node else 0
+    if count < config.max_per_node_per_day:
+        return new
+    gated = tuple(
+        dataclasses.replace(step, requires_approval=True)
+        if step.action in registry and registry.get(step.action).disruptive
+        else step
+        for step in new.steps
+    )
+    if gated == new.steps:
+        return new
+    reason = (
+        f"{new.reason}; node {new.node} had {count} runs in 24 h "
+        f"(limit {config.max_per_node_per_day}): disruptive steps need approval"
+    )
+    return dataclasses.replace(new, steps=gated, reason=reason)
 
 
 def resolve_run(tx: store.Tx, run: records.Run) -> int:
@@ -186,15 +221,18 @@ def stop_after_failure(tx: store.Tx, run: records.Run, failed: records.Step) -> 
 
 
 def decide_approval(
-    tx: store.Tx,
+    tx: approvals.ApprovalTx,
     step_id: int,
     *,
     principal: str,
     approve: bool,
     comment: str,
-    record: object = None,
 ) -> records.Step:
-    """Approve or reject a waiting step. A second decision on a moved step is a ``Conflict``."""
+    """Record ``principal``'s decision on a waiting step (see ``engine.approvals``).
+
+    Returns the step as it is afterwards: ``pending`` once enough distinct principals approved,
+    still ``waiting_approval`` while more approvals are needed, ``rejected`` on a rejection.
+    """
     step = tx.get_step(step_id)
     if step is None:
         raise errors.NotFound(f"step {step_id} not found")
@@ -202,31 +240,92 @@ def decide_approval(
         raise errors.Conflict(f"step {step_id} is {step.status.value}, not waiting for approval")
     run = tx.get_run(step.run_id)
     assert run is not None
-    if approve:
-        moved = tx.transition_step(
-            step,
-            runs.StepStatus.PENDING,
+    if approve and run.kind is runs.RunKind.MANUAL and run.principal == principal:
+        raise errors.Forbidden(f"{principal} triggered run {run.id} and cannot approve it")
+    decision = approvals.Decision.APPROVED if approve else approvals.Decision.REJECTED
+    if not tx.add_approval(step_id, principal=principal, decision=decision, comment=comment):
+        raise errors.Conflict(f"{principal} already decided on step {step_id}")
+    if not approve:
+        return _reject(tx, step, run, actor=principal, reason=comment, data={"decision": decision})
+    approved = approvals.approvers(tx.approvals_of(step_id))
+    data = {
+        "decision": decision.value,
+        "approvals": len(approved),
+        "required": step.approvals_required,
+        "approvers": approved,
+    }
+    if len(approved) < step.approvals_required:
+        tx.add_event(
+            "step.approval",
             actor=principal,
+            run_id=run.id,
+            step_id=step.id,
             reason=comment,
-            values={"due_at": tx.now},
-            event_data={"decision": "approved"},
+            data={"key": step.key, "action": step.action} | data,
         )
-        tx.transition_run(run, runs.RunStatus.RUNNING, actor=principal, reason=comment)
-        return moved
+        return step
     moved = tx.transition_step(
         step,
-        runs.StepStatus.REJECTED,
+        runs.StepStatus.PENDING,
         actor=principal,
         reason=comment,
-        event_data={"decision": "rejected"},
+        values={"due_at": tx.now},
+        event_data=data,
     )
+    tx.transition_run(run, runs.RunStatus.RUNNING, actor=principal, reason=comment)
+    return moved
+
+
+def _reject(
+    tx: store.Tx,
+    step: records.Step,
+    run: records.Run,
+    *,
+    actor: str,
+    reason: str,
+    data: dict[str, object],
+    to: runs.StepStatus = runs.StepStatus.REJECTED,
+) -> records.Step:
+    moved = tx.transition_step(step, to, actor=actor, reason=reason, event_data=dict(data))
     for other in tx.steps_of_run(run.id):
         if other.status is runs.StepStatus.PENDING:
             tx.transition_step(
-                other, runs.StepStatus.SKIPPED, actor=principal, reason="run rejected"
+                other, runs.StepStatus.SKIPPED, actor=actor, reason=f"run {to.value}"
             )
-    finish_run(tx, run, runs.RunStatus.REJECTED, reason=comment)
+    final = runs.RunStatus.REJECTED if to is runs.StepStatus.REJECTED else runs.RunStatus.CANCELLED
+    finish_run(tx, run, final, reason=reason)
     return moved
+
+
+def expire_approvals(
+    tx: approvals.ApprovalTx,
+    *,
+    older_than: dt.datetime,
+    outcome: approvals.ExpiryOutcome,
+    limit: int = 100,
+) -> int:
+    """Expire steps that have waited for approval since ``older_than``; returns how many."""
+    expired = 0
+    to = (
+        runs.StepStatus.REJECTED
+        if outcome is approvals.ExpiryOutcome.REJECT
+        else runs.StepStatus.CANCELLED
+    )
+    for step in tx.steps_waiting_since(older_than, limit):
+        run = tx.get_run(step.run_id)
+        assert run is not None
+        waited = tx.now - run.updated_at
+        _reject(
+            tx,
+            step,
+            run,
+            actor=ENGINE,
+            reason=f"approval expired after {int(waited.total_seconds())} s",
+            data={"decision": "expired", "outcome": outcome.value},
+            to=to,
+        )
+        expired += 1
+    return expired
 
 
 def lease_until(now: dt.datetime, seconds: float) -> dt.datetime:

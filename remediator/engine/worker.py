@@ -18,10 +18,12 @@ import dataclasses
 import datetime as dt
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Protocol
 
 from remediator.domain import errors, playbooks, records, runs
-from remediator.engine import executor, lifecycle
+from remediator.domain import guards as guards_mod
+from remediator.engine import executor, guarding, lifecycle
 from remediator.ports import store
 
 logger = logging.getLogger("remediator.engine")
@@ -42,6 +44,8 @@ class EngineSettings:
     dry_run: bool = False
     shutdown_grace: float = 20.0
     max_lost_leases: int = 3
+    guards: guards_mod.GuardConfig = dataclasses.field(default_factory=guards_mod.GuardConfig)
+    guard_channel: str = "default"
 
 
 class Engine:
@@ -62,7 +66,10 @@ class Engine:
         )
         self._wake = asyncio.Event()
         self._in_flight: dict[int, asyncio.Task[None]] = {}
+        self._gpu_nodes: tuple[dt.datetime, int] | None = None
         self._stopping = False
+        # Sweeping expired leases is a singleton loop: the app points this at leadership.
+        self.is_leader: Callable[[], bool] = lambda: True
 
     def wake(self) -> None:
         self._wake.set()
@@ -91,7 +98,7 @@ class Engine:
         busy = False
         if work.episodes:
             busy |= await self.handle_episodes()
-        if work.expired:
+        if work.expired and self.is_leader():
             busy |= await self.sweep()
         if work.startable:
             busy |= await self.start_runs()
@@ -108,7 +115,12 @@ class Engine:
             episodes = tx.lock_unhandled_episodes(self.settings.batch)
             created = sum(
                 lifecycle.handle_episode(
-                    tx, episode, index=index, registry=registry, dry_run=dry_run
+                    tx,
+                    episode,
+                    index=index,
+                    registry=registry,
+                    dry_run=dry_run,
+                    guard_base=self.settings.guards,
                 )
                 for episode in episodes
             )
@@ -149,18 +161,62 @@ class Engine:
         room = self.settings.max_concurrent_steps - len(self._in_flight)
         if room <= 0:
             return False
+        gate = guarding.Gate(
+            base=self.settings.guards,
+            index=self.rules.index,
+            disruptive_actions=self.disruptive_actions,
+            gpu_nodes=await self._gpu_node_count(),
+        )
 
-        def work(tx: store.Tx) -> tuple[list[records.Step], dt.datetime]:
+        def work(tx: store.Tx) -> tuple[list[records.Step], dt.datetime, list[str]]:
             until = lifecycle.lease_until(tx.now, self.settings.lease_seconds)
-            return tx.claim_due_steps(owner=self.owner, lease_until=until, limit=room), tx.now
+            claimed = []
+            for step in tx.lock_due_steps(room):
+                if gate.admit(tx, step):
+                    claimed.append(tx.claim_step(step, owner=self.owner, lease_until=until))
+            return claimed, tx.now, gate.tripped
 
-        claimed, now = await self.services.store.run("claim", work)
+        claimed, now, tripped = await self.services.store.run("claim", work)
+        for reason in tripped:
+            await self._announce_breaker(reason)
         for step in claimed:
             if step.due_at is not None:
                 self.services.observer.claim_lag((now - step.due_at).total_seconds())
             task = asyncio.create_task(self._run_step(step), name=f"step-{step.id}")
             self._in_flight[step.id] = task
         return bool(claimed)
+
+    @property
+    def disruptive_actions(self) -> frozenset[str]:
+        return frozenset(a.name for a in self.services.registry.all() if a.disruptive)
+
+    async def _gpu_node_count(self) -> int | None:
+        """GPU nodes in the cluster (for the percentage budget), refreshed once a minute."""
+        cluster = self.services.cluster
+        if cluster is None:
+            return None
+        now = self.services.clock()
+        if self._gpu_nodes is None or now - self._gpu_nodes[0] > dt.timedelta(minutes=1):
+            try:
+                selector = getattr(cluster, "gpu_node_selector", "")
+                nodes = await cluster.list_nodes(selector)
+            except errors.RemediatorError as e:
+                logger.warning("cannot count GPU nodes (%s); percentage budget not applied", e)
+                return None if self._gpu_nodes is None else self._gpu_nodes[1]
+            self._gpu_nodes = (now, len(nodes))
+        return self._gpu_nodes[1]
+
+    async def _announce_breaker(self, reason: str) -> None:
+        try:
+            await self.services.notifier.send(
+                channel=self.settings.guard_channel,
+                message=f"remediator circuit breaker opened: {reason}. Disruptive steps wait "
+                "until an operator resets it (remediator breaker reset).",
+                data={"event": "breaker_opened", "reason": reason},
+                idempotency_key=f"breaker-{reason}",
+            )
+        except errors.RemediatorError as e:
+            logger.error("could not announce the open breaker: %s", e)
 
     async def _run_step(self, step: records.Step) -> None:
         try:

@@ -100,5 +100,13 @@ class RecordAction(actions.Action[RecordParams]):
         return {"undone": params.label}
 
 
+class DisruptAction(RecordAction):
+    """Like ``test.record`` but counted as disruptive by the fleet guards."""
+
+    name: ClassVar[str] = "test.disrupt"
+    disruptive: ClassVar[bool] = True
+
+
 def register(registry: actions.Registry) -> None:
     registry.register(RecordAction())
+    registry.register(DisruptAction())

@@ -15,7 +15,7 @@ from sqlalchemy import exc
 from sqlalchemy.dialects import postgresql, sqlite
 
 from remediator.adapters.db import database, tables
-from remediator.domain import alerts, audit, errors, records, runs
+from remediator.domain import alerts, audit, errors, guards, records, runs
 
 E = tables.alert_episodes
 R = tables.runs
@@ -23,6 +23,9 @@ S = tables.steps
 L = tables.locks
 A = tables.audit_events
 H = tables.audit_head
+D = tables.disruptions
+G = tables.guard_state
+AP = tables.approvals
 
 T = TypeVar("T")
 
@@ -470,16 +473,10 @@ class SqlTx:
         )
         return bool(result.rowcount)
 
-    def claim_due_steps(
-        self, *, owner: str, lease_until: dt.datetime, limit: int
-    ) -> list[records.Step]:
-        """Claim due pending steps of running runs: ``pending → running`` with a lease.
-
-        The attempt counter and the lease are the persisted intent: if this worker dies, the
-        lease expires and the next attempt knows one was made.
-        """
+    def lock_due_steps(self, limit: int) -> list[records.Step]:
+        """Due pending steps of running runs, locked for this transaction."""
         due = self._lock_rows(
-            sa.select(S.c.id)
+            sa.select(S)
             .join(R, R.c.id == S.c.run_id)
             .where(_due_steps(self.now))
             .order_by(S.c.due_at, S.c.id)
@@ -487,28 +484,135 @@ class SqlTx:
         )
         if self.db.is_postgres:
             due = due.with_for_update(skip_locked=True, of=S)
-        ids = [row.id for row in self.conn.execute(due)]
-        claimed = []
-        for step_id in ids:
-            step = self.get_step(step_id)
-            assert step is not None
-            claimed.append(
-                self.transition_step(
-                    step,
-                    runs.StepStatus.RUNNING,
-                    actor="engine",
-                    reason=f"attempt {step.attempt + 1} of {step.max_attempts}",
-                    values={
-                        "lease_owner": owner,
-                        "lease_expires_at": lease_until,
-                        "attempt": step.attempt + 1,
-                        "started_at": step.started_at or self.now,
-                        "due_at": None,
-                    },
-                    event_data={"attempt": step.attempt + 1, "owner": owner},
-                )
+        return [step_from_row(row) for row in self.conn.execute(due)]
+
+    def claim_step(
+        self, step: records.Step, *, owner: str, lease_until: dt.datetime
+    ) -> records.Step:
+        """``pending → running`` with a lease. The attempt counter and the lease are the
+        persisted intent: if this worker dies, the lease expires and the next attempt knows one
+        was made."""
+        return self.transition_step(
+            step,
+            runs.StepStatus.RUNNING,
+            actor="engine",
+            reason=f"attempt {step.attempt + 1} of {step.max_attempts}",
+            values={
+                "lease_owner": owner,
+                "lease_expires_at": lease_until,
+                "attempt": step.attempt + 1,
+                "started_at": step.started_at or self.now,
+                "due_at": None,
+            },
+            event_data={"attempt": step.attempt + 1, "owner": owner},
+        )
+
+    def claim_due_steps(
+        self, *, owner: str, lease_until: dt.datetime, limit: int
+    ) -> list[records.Step]:
+        return [
+            self.claim_step(step, owner=owner, lease_until=lease_until)
+            for step in self.lock_due_steps(limit)
+        ]
+
+    def hold_step(self, step: records.Step, *, until: dt.datetime, reason: str) -> None:
+        """Keep a due step waiting (a guard said no); the audit trail notes each new reason."""
+        output = {**step.output, "held": reason, "held_until": until.isoformat()}
+        self.conn.execute(
+            sa.update(S)
+            .where(S.c.id == step.id, S.c.status == runs.StepStatus.PENDING.value)
+            .values(due_at=until, output=output)
+        )
+        if step.output.get("held") != reason:
+            self.add_event(
+                "step.held",
+                actor="engine",
+                run_id=step.run_id,
+                step_id=step.id,
+                reason=reason,
+                data={"key": step.key, "action": step.action, "until": until.isoformat()},
             )
-        return claimed
+
+    # -- guards ----------------------------------------------------------------------------
+
+    def guard_snapshot(
+        self,
+        *,
+        node: str | None,
+        since: dt.datetime,
+        disruptive_playbooks: Iterable[str],
+        gpu_nodes: int | None,
+    ) -> guards.Snapshot:
+        disrupted = {
+            row.node
+            for row in self.conn.execute(
+                sa.select(D.c.node).where(D.c.released_at.is_(None)).distinct()
+            )
+        }
+        breaker = self.get_guard_state("breaker")
+        window = [R.c.created_at >= since]
+        if breaker.get("reset_at"):  # runs an operator has seen when resetting do not count
+            window.append(R.c.created_at > dt.datetime.fromisoformat(breaker["reset_at"]))
+        recent = self.conn.execute(
+            sa.select(sa.func.count())
+            .select_from(R)
+            .where(
+                R.c.playbook.in_(list(disruptive_playbooks)),
+                R.c.kind == runs.RunKind.ALERT.value,
+                R.c.dry_run.is_(False),
+                *window,
+            )
+        ).scalar_one()
+        last = None
+        if node is not None:
+            latest = sa.func.max(sa.func.coalesce(D.c.released_at, D.c.started_at))
+            last = self.conn.execute(
+                sa.select(sa.type_coerce(latest, tables.UTCDateTime())).where(D.c.node == node)
+            ).scalar_one()
+        return guards.Snapshot(
+            disrupted_nodes=frozenset(disrupted),
+            gpu_nodes=gpu_nodes,
+            recent_runs=int(recent),
+            breaker_open=bool(breaker.get("open")),
+            node_last_disrupted=last,
+        )
+
+    def get_guard_state(self, key: str) -> dict[str, Any]:
+        row = self.conn.execute(sa.select(G.c.value).where(G.c.key == key)).one_or_none()
+        return dict(row.value) if row else {}
+
+    def set_guard_state(self, key: str, value: dict[str, Any]) -> None:
+        statement = self._insert(G).values(key=key, value=value, updated_at=self.now)
+        self.conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=[G.c.key], set_={"value": value, "updated_at": self.now}
+            )
+        )
+
+    def record_disruption(self, *, run_id: int, node: str) -> None:
+        self.conn.execute(
+            self._insert(D)
+            .values(run_id=run_id, node=node, started_at=self.now)
+            .on_conflict_do_nothing(index_elements=[D.c.run_id, D.c.node])
+        )
+
+    def release_disruptions(self, *, node: str | None = None, run_id: int | None = None) -> int:
+        conditions: list[sa.ColumnElement[bool]] = [D.c.released_at.is_(None)]
+        if node is not None:
+            conditions.append(D.c.node == node)
+        if run_id is not None:
+            conditions.append(D.c.run_id == run_id)
+        result = self.conn.execute(sa.update(D).where(*conditions).values(released_at=self.now))
+        return int(result.rowcount or 0)
+
+    def count_node_runs(self, node: str, *, since: dt.datetime) -> int:
+        return int(
+            self.conn.execute(
+                sa.select(sa.func.count())
+                .select_from(R)
+                .where(R.c.node == node, R.c.created_at >= since, R.c.kind != "undo")
+            ).scalar_one()
+        )
 
     def expired_leases(self, limit: int) -> list[records.Step]:
         query = self._lock_rows(
@@ -530,6 +634,46 @@ class SqlTx:
             sa.select(R).where(_advanceable_runs()).order_by(R.c.id).limit(limit)
         )
         return [run_from_row(row) for row in self.conn.execute(query)]
+
+    # -- approvals -------------------------------------------------------------------------
+
+    def add_approval(self, step_id: int, *, principal: str, decision: str, comment: str) -> bool:
+        """Record one principal's decision on a step; ``False`` if they already decided."""
+        statement = (
+            self._insert(AP)
+            .values(
+                step_id=step_id,
+                principal=principal,
+                decision=decision,
+                comment=comment,
+                at=self.now,
+            )
+            .on_conflict_do_nothing(index_elements=[AP.c.step_id, AP.c.principal])
+            .returning(AP.c.id)
+        )
+        return self.conn.execute(statement).one_or_none() is not None
+
+    def approvals_of(self, step_id: int) -> list[dict[str, Any]]:
+        query = sa.select(AP).where(AP.c.step_id == step_id).order_by(AP.c.id)
+        return [dict(row._mapping) for row in self.conn.execute(query)]
+
+    def steps_waiting_since(self, cutoff: dt.datetime, limit: int) -> list[records.Step]:
+        """Steps waiting for approval whose run has waited since ``cutoff`` or earlier (the
+        run's ``updated_at`` is the moment it parked: nothing else moves a waiting run)."""
+        query = self._lock_rows(
+            sa.select(S)
+            .join(R, R.c.id == S.c.run_id)
+            .where(
+                S.c.status == runs.StepStatus.WAITING_APPROVAL.value,
+                R.c.status == runs.RunStatus.WAITING_APPROVAL.value,
+                R.c.updated_at <= cutoff,
+            )
+            .order_by(S.c.id)
+            .limit(limit)
+        )
+        if self.db.is_postgres:
+            query = query.with_for_update(skip_locked=True, of=S)
+        return [step_from_row(row) for row in self.conn.execute(query)]
 
     # -- locks -----------------------------------------------------------------------------
 

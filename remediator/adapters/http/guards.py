@@ -1,0 +1,47 @@
+"""Circuit breaker endpoints: ``GET /api/v1/breaker`` and ``POST /api/v1/breaker/reset``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from remediator.adapters.http import auth as http_auth
+from remediator.domain import auth, errors
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardDeps:
+    status: Callable[[], Awaitable[dict[str, Any]]]
+    reset: Callable[..., Awaitable[dict[str, Any]]]
+
+
+GUARDS = web.AppKey("guards", GuardDeps)
+
+
+async def get_breaker(request: web.Request) -> web.Response:
+    http_auth.require(request, auth.Permission.READ)
+    return web.json_response(await request.app[GUARDS].status())
+
+
+async def reset_breaker(request: web.Request) -> web.Response:
+    principal = http_auth.require(request, auth.Permission.OPERATE)
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise errors.ValidationFailed('body must be JSON: {"comment": "..."}') from None
+    comment = body.get("comment") if isinstance(body, dict) else None
+    if not isinstance(comment, str) or not comment.strip() or len(comment) > 4000:
+        raise errors.ValidationFailed(
+            "a comment is required", fields=[{"field": "comment", "message": "required"}]
+        )
+    state = await request.app[GUARDS].reset(principal=principal.name, comment=comment.strip())
+    return web.json_response(state)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/api/v1/breaker", get_breaker)
+    app.router.add_post("/api/v1/breaker/reset", reset_breaker)

@@ -1,0 +1,190 @@
+"""Fleet safety guards: decisions on whether a disruptive step may start now.
+
+Disruptive actions (cordon, drain, taint, evict) are what hurt a fleet at scale: a bad alert
+that cordons half the cluster, a flapping node remediated in a loop. Before a disruptive step
+starts, the engine asks ``decide`` with a snapshot of persisted guard state and gets either
+"go" or "hold until ..., because ...". A held step waits visibly (its reason is in its output
+and in the audit trail) instead of failing. Non-disruptive steps are never held.
+
+- **Budget**: at most ``max_nodes`` nodes, and at most ``max_percent`` of the GPU nodes,
+  disrupted by remediator at once. A node stays disrupted until it is returned to service.
+- **Circuit breaker**: more than ``max_disruptive_runs`` runs of disruptive playbooks started
+  within ``breaker_window`` opens the breaker (a storm of alerts, whatever the budget lets
+  through); it stays open until an operator resets it, and only runs started after the reset
+  count towards tripping it again.
+- **Node cooldown**: a node disrupted recently waits until ``node_cooldown`` has passed.
+- **Change windows**: disruptive steps start only inside a configured window.
+- The per-node daily limit (``max_per_node_per_day``) does not hold steps: runs beyond it need
+  approval for their disruptive steps (decided when the run is created).
+
+Everything here is pure: state comes in as a ``Snapshot``, time as ``now``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import math
+import zoneinfo
+
+import pydantic
+
+from remediator.domain import durations
+
+
+class Weekday(enum.StrEnum):
+    MON = "mon"
+    TUE = "tue"
+    WED = "wed"
+    THU = "thu"
+    FRI = "fri"
+    SAT = "sat"
+    SUN = "sun"
+
+
+_DAYS = list(Weekday)
+
+
+class ChangeWindow(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+    days: list[Weekday] = pydantic.Field(default_factory=lambda: list(Weekday))
+    start: dt.time = dt.time(0, 0)
+    end: dt.time = dt.time(23, 59, 59)
+    timezone: str = "UTC"
+
+    @pydantic.field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            zoneinfo.ZoneInfo(value)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown timezone {value!r}") from None
+        return value
+
+    def contains(self, now: dt.datetime) -> bool:
+        local = now.astimezone(zoneinfo.ZoneInfo(self.timezone))
+        if _DAYS[local.weekday()] not in self.days:
+            return False
+        moment = local.time().replace(tzinfo=None)
+        if self.start <= self.end:
+            return self.start <= moment < self.end
+        return moment >= self.start or moment < self.end  # spans midnight
+
+    def next_start(self, now: dt.datetime) -> dt.datetime:
+        zone = zoneinfo.ZoneInfo(self.timezone)
+        local = now.astimezone(zone)
+        for offset in range(8):
+            day = local.date() + dt.timedelta(days=offset)
+            if _DAYS[day.weekday()] not in self.days:
+                continue
+            start = dt.datetime.combine(day, self.start, tzinfo=zone)
+            if start > local:
+                return start.astimezone(dt.UTC)
+        return now + dt.timedelta(days=7)
+
+
+class GuardConfig(pydantic.BaseModel):
+    """Global guard settings; a playbook's ``guards:`` overrides any of them."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+    max_nodes: int = pydantic.Field(
+        default=2, ge=0, description="At most this many nodes disrupted by remediator at once."
+    )
+    max_percent: float = pydantic.Field(
+        default=10.0, ge=0, le=100, description="At most this share of GPU nodes disrupted."
+    )
+    max_disruptive_runs: int = pydantic.Field(
+        default=5,
+        ge=1,
+        description="More disruptive runs within `breaker_window` open the breaker.",
+    )
+    breaker_window: durations.Duration = dt.timedelta(minutes=10)
+    node_cooldown: durations.Duration = pydantic.Field(
+        default=dt.timedelta(0), description="A node disrupted recently waits this long."
+    )
+    max_per_node_per_day: int = pydantic.Field(
+        default=3, ge=1, description="Runs per node per 24 h before disruptive steps need approval."
+    )
+    change_windows: list[ChangeWindow] = pydantic.Field(
+        default_factory=list, description="Disruptive steps start only inside these (none: any)."
+    )
+    recheck: durations.Duration = pydantic.Field(
+        default=dt.timedelta(seconds=15), description="How often a held step is re-evaluated."
+    )
+
+
+class GuardOverride(pydantic.BaseModel):
+    """A playbook's changes to the global guards (only what it sets)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+    max_nodes: int | None = pydantic.Field(default=None, ge=0)
+    max_percent: float | None = pydantic.Field(default=None, ge=0, le=100)
+    max_disruptive_runs: int | None = pydantic.Field(default=None, ge=1)
+    breaker_window: durations.Duration | None = None
+    node_cooldown: durations.Duration | None = None
+    max_per_node_per_day: int | None = pydantic.Field(default=None, ge=1)
+    change_windows: list[ChangeWindow] | None = None
+
+    def apply(self, base: GuardConfig) -> GuardConfig:
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Snapshot:
+    """Persisted guard state as seen inside the deciding transaction."""
+
+    disrupted_nodes: frozenset[str]
+    gpu_nodes: int | None  # None: unknown (no cluster); the percentage cap is then not applied
+    recent_runs: int  # disruptive runs started within the breaker window, after the last reset
+    breaker_open: bool
+    node_last_disrupted: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    go: bool
+    reason: str = ""
+    until: dt.datetime | None = None
+    trips_breaker: bool = False
+
+
+def budget_limit(config: GuardConfig, gpu_nodes: int | None) -> int:
+    if gpu_nodes is None:
+        return config.max_nodes
+    by_percent = math.floor(gpu_nodes * config.max_percent / 100)
+    return min(config.max_nodes, max(by_percent, 0))
+
+
+def decide(
+    config: GuardConfig, snapshot: Snapshot, *, node: str | None, now: dt.datetime
+) -> Verdict:
+    """May a disruptive step on ``node`` start now?"""
+    later = now + config.recheck
+    if config.change_windows and not any(w.contains(now) for w in config.change_windows):
+        start = min(w.next_start(now) for w in config.change_windows)
+        return Verdict(False, f"outside change windows; next opens {start.isoformat()}", start)
+    if snapshot.breaker_open:
+        return Verdict(False, "circuit breaker is open; an operator must reset it", later)
+    if snapshot.recent_runs > config.max_disruptive_runs:
+        return Verdict(
+            False,
+            f"{snapshot.recent_runs} disruptive runs within {config.breaker_window}; "
+            "circuit breaker opened",
+            later,
+            trips_breaker=True,
+        )
+    if node is not None and node in snapshot.disrupted_nodes:
+        return Verdict(True, "node already disrupted by remediator")
+    if config.node_cooldown and snapshot.node_last_disrupted is not None:
+        ready = snapshot.node_last_disrupted + config.node_cooldown
+        if ready > now:
+            return Verdict(False, f"node cooling down until {ready.isoformat()}", ready)
+    limit = budget_limit(config, snapshot.gpu_nodes)
+    in_use = len(snapshot.disrupted_nodes)
+    if in_use + 1 > limit:
+        return Verdict(False, f"disruption budget in use: {in_use} of {limit} nodes", later)
+    return Verdict(True, f"within budget: {in_use + 1} of {limit} nodes")

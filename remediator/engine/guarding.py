@@ -1,0 +1,112 @@
+"""Applying the fleet guards when steps are claimed (decisions in ``domain.guards``).
+
+A disruptive step of a live run passes the gate only if the guards allow it; then the node is
+recorded as disrupted in the same transaction, so two replicas cannot both take the last unit
+of budget (on Postgres every engine transaction is serialised by the audit chain head lock). A
+held step stays pending with a later due time and its reason in its output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from remediator.domain import guards, playbooks, records, runs
+from remediator.ports import store
+
+
+def guard_config(
+    base: guards.GuardConfig, playbook: playbooks.Playbook | None
+) -> guards.GuardConfig:
+    return playbook.guards.apply(base) if playbook is not None else base
+
+
+def disruptive_playbooks(
+    index: playbooks.PlaybookIndex, disruptive_actions: frozenset[str]
+) -> list[str]:
+    return [
+        playbook.name
+        for playbook in index.playbooks.values()
+        if not playbook.manual
+        and any(step.enabled and step.action in disruptive_actions for step in playbook.steps)
+    ]
+
+
+@dataclasses.dataclass
+class Gate:
+    base: guards.GuardConfig
+    index: playbooks.PlaybookIndex
+    disruptive_actions: frozenset[str]
+    gpu_nodes: int | None
+    tripped: list[str] = dataclasses.field(default_factory=list)
+
+    def admit(self, tx: store.Tx, step: records.Step) -> bool:
+        if step.phase is not runs.StepPhase.DO or step.action not in self.disruptive_actions:
+            return True
+        run = tx.get_run(step.run_id)
+        assert run is not None
+        if run.dry_run:
+            return True
+        config = guard_config(self.base, self.index.get(run.playbook))
+        snapshot = tx.guard_snapshot(
+            node=run.node,
+            since=tx.now - config.breaker_window,
+            disruptive_playbooks=disruptive_playbooks(self.index, self.disruptive_actions),
+            gpu_nodes=self.gpu_nodes,
+        )
+        verdict = guards.decide(config, snapshot, node=run.node, now=tx.now)
+        if verdict.trips_breaker and not snapshot.breaker_open:
+            open_breaker(tx, verdict.reason)
+            self.tripped.append(verdict.reason)
+        if not verdict.go:
+            tx.hold_step(
+                step, until=verdict.until or tx.now + config.recheck, reason=verdict.reason
+            )
+            return False
+        if run.node is not None:
+            tx.record_disruption(run_id=run.id, node=run.node)
+        return True
+
+
+def open_breaker(tx: store.Tx, reason: str) -> None:
+    state = tx.get_guard_state("breaker")
+    tx.set_guard_state(
+        "breaker", {**state, "open": True, "opened_at": tx.now.isoformat(), "reason": reason}
+    )
+    tx.add_event("breaker.opened", actor="engine", reason=reason, to_status="open")
+
+
+def reset_breaker(tx: store.Tx, *, principal: str, comment: str) -> dict[str, object]:
+    state = tx.get_guard_state("breaker")
+    was_open = bool(state.get("open"))
+    new = {
+        **state,
+        "open": False,
+        "reset_at": tx.now.isoformat(),
+        "reset_by": principal,
+        "reset_comment": comment,
+    }
+    tx.set_guard_state("breaker", new)
+    tx.add_event(
+        "breaker.reset",
+        actor=principal,
+        reason=comment,
+        from_status="open" if was_open else "closed",
+        to_status="closed",
+    )
+    return new
+
+
+def breaker_status(tx: store.Tx) -> dict[str, object]:
+    state = tx.get_guard_state("breaker")
+    return {"open": bool(state.get("open")), **state}
+
+
+def over_daily_limit(
+    tx: store.Tx, config: guards.GuardConfig, node: str | None, now: dt.datetime
+) -> int | None:
+    """How many runs the node had in 24 h if that reaches the limit, else ``None``."""
+    if node is None:
+        return None
+    count = tx.count_node_runs(node, since=now - dt.timedelta(hours=24))
+    return count if count >= config.max_per_node_per_day else None
