@@ -1,8 +1,21 @@
-"""Self-metrics (prometheus-client), one registry per app so tests can run several apps."""
+"""Self-metrics (prometheus-client), one registry per app so tests can run several apps.
+
+Counters and histograms are updated where things happen (intake, engine hooks, database
+transactions). Gauges that mirror database state (approvals waiting, breaker, node budget) are
+read at scrape time by ``refresh_state``: one cheap query per scrape instead of updates from
+every code path, and every replica reports the same values.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+from typing import Any
+
 import prometheus_client as prom
+import sqlalchemy as sa
+
+from remediator.adapters.db import database, tables
 
 
 class Metrics:
@@ -58,6 +71,34 @@ class Metrics:
         self.playbooks_loaded = prom.Gauge(
             "remediator_playbooks_loaded", "Playbooks currently loaded.", registry=r
         )
+        self.approvals_pending = prom.Gauge(
+            "remediator_approvals_pending", "Steps waiting for an approval.", registry=r
+        )
+        self.approval_oldest_age = prom.Gauge(
+            "remediator_approval_oldest_age_seconds",
+            "How long the oldest waiting approval has waited (0 when none waits).",
+            registry=r,
+        )
+        self.breaker_open = prom.Gauge(
+            "remediator_breaker_open",
+            "1 while the circuit breaker holds disruptive steps, else 0.",
+            registry=r,
+        )
+        self.budget_nodes_in_use = prom.Gauge(
+            "remediator_budget_nodes_in_use",
+            "Nodes currently disrupted by runs (counted against the disruption budget).",
+            registry=r,
+        )
+        self.leader = prom.Gauge(
+            "remediator_leader",
+            "1 while this replica runs the singleton loops (leader), else 0.",
+            registry=r,
+        )
+        self.state_errors = prom.Counter(
+            "remediator_metrics_state_errors",
+            "Scrapes whose database-state gauges could not be refreshed.",
+            registry=r,
+        )
 
     # Observer protocol (engine hooks)
     def run_finished(self, playbook: str, state: str) -> None:
@@ -75,5 +116,62 @@ class Metrics:
     def observe_db(self, operation: str, seconds: float) -> None:
         self.db_latency.labels(operation=operation).observe(seconds)
 
+    def set_leader(self, leading: bool) -> None:
+        self.leader.set(1 if leading else 0)
+
+    def set_state(self, state: State) -> None:
+        self.approvals_pending.set(state.approvals_pending)
+        self.approval_oldest_age.set(state.approval_oldest_age)
+        self.breaker_open.set(1 if state.breaker_open else 0)
+        self.budget_nodes_in_use.set(state.budget_nodes_in_use)
+
     def render(self) -> bytes:
         return prom.generate_latest(self.registry)
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+    approvals_pending: int = 0
+    approval_oldest_age: float = 0.0
+    breaker_open: bool = False
+    budget_nodes_in_use: int = 0
+
+
+def _state_query() -> sa.Select[Any]:
+    steps, runs_t = tables.steps, tables.runs
+    waiting = "waiting_approval"
+    pending = (
+        sa.select(sa.func.count()).select_from(steps).where(steps.c.status == waiting)
+    ).scalar_subquery()
+    oldest = (
+        sa.select(sa.func.min(runs_t.c.updated_at))
+        .select_from(runs_t.join(steps, steps.c.run_id == runs_t.c.id))
+        .where(runs_t.c.status == waiting, steps.c.status == waiting)
+    ).scalar_subquery()
+    breaker = (
+        sa.select(tables.guard_state.c.value).where(tables.guard_state.c.key == "breaker")
+    ).scalar_subquery()
+    d = tables.disruptions
+    in_use = (
+        sa.select(sa.func.count(sa.distinct(d.c.node))).where(d.c.released_at.is_(None))
+    ).scalar_subquery()
+    return sa.select(
+        pending.label("pending"),
+        sa.type_coerce(oldest, tables.UTCDateTime()).label("oldest"),
+        sa.type_coerce(breaker, tables.JSONType).label("breaker"),
+        in_use.label("in_use"),
+    )
+
+
+async def read_state(db: database.Database, *, now: dt.datetime) -> State:
+    """The database-state gauges in one read (absent breaker row: closed; no rows: zero)."""
+    async with db.read("metrics") as conn:
+        row = (await conn.execute(_state_query())).one()
+    oldest = row.oldest
+    breaker = row.breaker if isinstance(row.breaker, dict) else {}
+    return State(
+        approvals_pending=int(row.pending or 0),
+        approval_oldest_age=max((now - oldest).total_seconds(), 0.0) if oldest else 0.0,
+        breaker_open=bool(breaker.get("open", False)),
+        budget_nodes_in_use=int(row.in_use or 0),
+    )

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from typing import Any
 
 import prometheus_client
 from aiohttp import web
 
+from remediator.adapters import metrics as metrics_mod
 from remediator.adapters.db import database
 from remediator.adapters.metrics import Metrics
 from remediator.domain import errors
@@ -45,7 +47,14 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[HEALTH].metrics.render()
+    deps = request.app[HEALTH]
+    try:
+        state = await metrics_mod.read_state(deps.db, now=dt.datetime.now(dt.UTC))
+    except errors.StoreUnavailable:
+        deps.metrics.state_errors.inc()  # keep the last values; the counter tells
+    else:
+        deps.metrics.set_state(state)
+    body = deps.metrics.render()
     return web.Response(body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
 
 
