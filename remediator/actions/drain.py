@@ -244,6 +244,34 @@ class DrainAction(actions.Action[DrainParams]):
         done = not plan.evict and not plan.errors
         return actions.Check(in_place=done, output={"node": node.name, "skipped": plan.skipped})
 
+    async def preview(self, ctx: actions.ActionContext, params: DrainParams) -> dict[str, Any]:
+        """The pods a drain would evict now, what it would skip or refuse, and the budgets
+        (PodDisruptionBudgets) that would block evictions at this moment."""
+        out: dict[str, Any] = {"would": self.describe(params)}
+        try:
+            cluster = ctx.require_cluster()
+            node = await clusterops.gpu_node(cluster, clusterops.target_node(ctx, params.node))
+            plan = await self._plan(ctx, node.name, params)
+            with clusterops.cluster_errors("listing PodDisruptionBudgets"):
+                pdbs = await cluster.list_pdbs()
+        except errors.RemediatorError as e:
+            return out | {"state_error": str(e)}
+        blocking: dict[str, list[str]] = {}
+        for pod in plan.evict:
+            for pdb in pdbs:
+                selects = pdb.namespace == pod.namespace and pdb_selects(pdb, pod.labels)
+                if selects and (pdb.disruptions_allowed or 0) < 1:
+                    blocking.setdefault(f"{pdb.namespace}/{pdb.name}", []).append(pod.key)
+        return out | {
+            "node": node.name,
+            "cordoned": node.unschedulable,
+            "evict": [pod.key for pod in plan.evict],
+            "skipped": plan.skipped,
+            "refused": plan.errors,
+            "warnings": plan.warnings,
+            "blocking_pdbs": blocking,
+        }
+
     async def apply(self, ctx: actions.ActionContext, params: DrainParams) -> dict[str, Any]:
         cluster = ctx.require_cluster()
         node = await clusterops.gpu_node(cluster, clusterops.target_node(ctx, params.node))

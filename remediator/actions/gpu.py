@@ -309,7 +309,7 @@ class PowerCapAction(actions.Action[PowerCapParams]):
         node, _, plan = await self._plan(ctx, params)
         done = all(abs(g.limit - target) <= TOLERANCE_W for g, target, _ in plan)
         gpus = [
-            _gpu_record(g, previous_limit=None, set_limit=target, clamped=clamped)
+            _gpu_record(g, current_limit=g.limit, set_limit=target, clamped=clamped)
             for g, target, clamped in plan
         ]
         return actions.Check(in_place=done, output={"node": node.name, "gpus": gpus})

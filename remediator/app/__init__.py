@@ -25,11 +25,12 @@ from remediator.adapters.http import audit as http_audit
 from remediator.adapters.http import errors as http_errors
 from remediator.adapters.http import guards as guards_http
 from remediator.adapters.http import intake as http_intake
+from remediator.adapters.http import plan as plan_http
 from remediator.adapters.kubernetes import leases as kube_leases
 from remediator.app import settings as settings_mod
+from remediator.domain import alerts, errors, playbooks, records
 from remediator.domain import auth as domain_auth
-from remediator.domain import errors, playbooks, records
-from remediator.engine import executor, guarding, lifecycle, worker
+from remediator.engine import approvals, executor, guarding, lifecycle, previewing, worker
 from remediator.ports import actions, cluster
 from remediator.ports import leader as leader_port
 from remediator.ports import store as store_port
@@ -125,6 +126,36 @@ class Components:
         self.engine.is_leader = self.is_leader
         self.tokens = files.load_tokens(settings.tokens) if settings.tokens else None
 
+    def previewer(self) -> previewing.Previewer:
+        return previewing.Previewer(
+            index=self.rules.index,
+            registry=self.registry,
+            notifier=self.notifier,
+            cluster=self.cluster,
+            store=self.store,
+            guards=self.settings.guards,
+            clock=self.clock,
+            dry_run=self.settings.dry_run,
+        )
+
+    async def plan_payload(self, payload: alerts.WebhookPayload) -> list[dict[str, Any]]:
+        return await self.previewer().plan_payload(payload)
+
+    async def plan_run(self, run_id: int) -> dict[str, Any] | None:
+        def load(
+            tx: store_port.Tx,
+        ) -> tuple[records.Run, list[records.Step], dict[str, str]] | None:
+            run = tx.get_run(run_id)
+            if run is None:
+                return None
+            episode = tx.get_episode(run.episode_id) if run.episode_id else None
+            return run, tx.steps_of_run(run_id), episode.labels if episode else {}
+
+        found = await self.store.run("plan.load", load)
+        if found is None:
+            return None
+        return await self.previewer().plan_run(*found)
+
     async def breaker_status(self) -> dict[str, Any]:
         status = await self.store.run("breaker", guarding.breaker_status)
 
@@ -201,7 +232,12 @@ class Components:
 
         run_id = await self.store.run("runbook.trigger", work)
         self.engine.wake()
-        return {"runId": run_id, "playbook": playbook.name, "node": node, "principal": principal.name}
+        return {
+            "runId": run_id,
+            "playbook": playbook.name,
+            "node": node,
+            "principal": principal.name,
+        }
 
     async def expire_approvals(self) -> int:
         """Expire approvals older than ``approval_timeout`` with the configured outcome."""
@@ -284,8 +320,10 @@ def create_app(
     app[guards_http.GUARDS] = guards_http.GuardDeps(
         components.breaker_status, components.reset_breaker
     )
+    app[plan_http.PLAN] = plan_http.PlanDeps(components.plan_payload, components.plan_run)
     app.router.add_post("/api/v1/alerts", http_intake.post_alerts)
     api.add_routes(app)
+    plan_http.add_routes(app)
     guards_http.add_routes(app)
     runbooks.add_routes(app)
     http_audit.add_routes(app)
@@ -298,7 +336,9 @@ def create_app(
 
 
 def _web_identity(app: web.Application, settings: settings_mod.Settings) -> None:
-    secret = settings.session_secret.get_secret_value().encode() if settings.session_secret else None
+    secret = None
+    if settings.session_secret is not None:
+        secret = settings.session_secret.get_secret_value().encode()
     app[auth.SESSIONS] = auth.Sessions(
         secret, ttl=settings.session_ttl, secure=settings.cookie_secure
     )

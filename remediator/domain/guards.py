@@ -153,10 +153,12 @@ class Verdict:
 
 
 def budget_limit(config: GuardConfig, gpu_nodes: int | None) -> int:
+    """The smaller of the absolute cap and the percentage (rounded up, so a small fleet can
+    still have one node remediated; a percentage of 0 disables disruption)."""
     if gpu_nodes is None:
         return config.max_nodes
-    by_percent = math.floor(gpu_nodes * config.max_percent / 100)
-    return min(config.max_nodes, max(by_percent, 0))
+    by_percent = math.ceil(gpu_nodes * config.max_percent / 100)
+    return min(config.max_nodes, by_percent)
 
 
 def decide(

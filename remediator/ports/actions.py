@@ -93,6 +93,17 @@ class Action(abc.ABC, Generic[P]):
         """Reverse ``apply``; ``ctx.applied_output`` holds what it returned."""
         raise errors.ActionFailed(f"action {self.name} has no undo")
 
+    async def preview(self, ctx: ActionContext, params: P) -> dict[str, Any]:
+        """What ``apply`` would do, read from live state; changes nothing (used by plans)."""
+        out: dict[str, Any] = {"would": self.describe(params)}
+        try:
+            check = await self.check(ctx, params)
+        except errors.RemediatorError as e:
+            out["state_error"] = str(e)
+        else:
+            out |= {"already_in_place": check.in_place, "state": check.output}
+        return out
+
     def describe(self, params: P) -> str:
         """One line for plans and the runbook page."""
         return f"{self.name}({params.model_dump_json()})"

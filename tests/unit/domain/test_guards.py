@@ -42,11 +42,15 @@ def test_a_node_already_disrupted_costs_no_more_budget():
 
 def test_the_percentage_cap_uses_the_gpu_node_count():
     config = guards.GuardConfig(max_nodes=10, max_percent=10)
-    assert guards.budget_limit(config, 25) == 2
-    assert guards.budget_limit(config, 5) == 0
+    assert guards.budget_limit(config, 25) == 3
+    assert guards.budget_limit(config, 4) == 1
+    assert guards.budget_limit(config, 200) == 10
     assert guards.budget_limit(config, None) == 10
-    verdict = guards.decide(config, snap(gpu_nodes=5), node="a", now=NOW)
+    assert guards.budget_limit(config.model_copy(update={"max_percent": 0}), 50) == 0
+    full = snap(gpu_nodes=4, disrupted_nodes=frozenset({"b"}))
+    verdict = guards.decide(config, full, node="a", now=NOW)
     assert not verdict.go
+    assert verdict.reason == "disruption budget in use: 1 of 1 nodes"
 
 
 def test_too_many_disruptive_runs_trip_the_breaker():

@@ -1,0 +1,51 @@
+"""``POST /api/v1/plan`` (an Alertmanager payload in, what would happen out) and
+``GET /api/v1/runs/{id}/plan`` (what a run's remaining steps will do). Nothing is changed."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pydantic
+from aiohttp import web
+
+from remediator.adapters.http import auth as http_auth
+from remediator.domain import alerts, auth, errors
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanDeps:
+    plan_payload: Callable[[alerts.WebhookPayload], Awaitable[list[dict[str, Any]]]]
+    plan_run: Callable[[int], Awaitable[dict[str, Any] | None]]
+
+
+PLAN = web.AppKey("plan", PlanDeps)
+
+
+async def post_plan(request: web.Request) -> web.Response:
+    http_auth.require(request, auth.Permission.READ)
+    body = await request.read()
+    try:
+        payload = alerts.parse_payload(body)
+    except pydantic.ValidationError as e:
+        raise errors.ValidationFailed(
+            "not an Alertmanager webhook payload (version 4)", fields=alerts.validation_fields(e)
+        ) from None
+    return web.json_response({"alerts": await request.app[PLAN].plan_payload(payload)})
+
+
+async def get_run_plan(request: web.Request) -> web.Response:
+    http_auth.require(request, auth.Permission.READ)
+    value = request.match_info["run_id"]
+    if not value.isdigit() or len(value) > 18:
+        raise errors.NotFound("run not found")
+    plan = await request.app[PLAN].plan_run(int(value))
+    if plan is None:
+        raise errors.NotFound("run not found")
+    return web.json_response(plan)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/api/v1/plan", post_plan)
+    app.router.add_get("/api/v1/runs/{run_id}/plan", get_run_plan)

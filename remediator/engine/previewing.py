@@ -1,0 +1,206 @@
+"""Plans: what remediator would do for an alert (or what a run's steps will do), computed from
+live state, with the guards' verdicts — and nothing changed.
+
+Used by ``POST /api/v1/plan``, ``GET /api/v1/runs/{id}/plan``, ``remediator plan`` and the
+runbook page. Each step's action previews itself (a drain lists the pods it would evict and the
+budgets that would block it; a power cap lists the GPUs with current and target limits); the
+guards are evaluated against the persisted state the same way the engine would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+import pydantic
+
+from remediator.domain import alerts, playbooks, records, runs
+from remediator.domain import guards as guard_rules
+from remediator.engine import guarding, planning
+from remediator.ports import actions, cluster, notify, store
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Previewer:
+    index: playbooks.PlaybookIndex
+    registry: actions.Registry
+    notifier: notify.Notifier
+    cluster: cluster.Cluster | None
+    store: store.Store | None
+    guards: guard_rules.GuardConfig
+    clock: Callable[[], dt.datetime]
+    dry_run: bool = False
+
+    async def plan_payload(self, payload: alerts.WebhookPayload) -> list[dict[str, Any]]:
+        return [await self.plan_alert(alert) for alert in payload.alerts]
+
+    async def plan_alert(self, alert: alerts.Alert) -> dict[str, Any]:
+        episode = records.Episode(
+            id=0,
+            fingerprint=alert.fingerprint,
+            starts_at=alert.starts_at,
+            alertname=alert.alertname,
+            status=alert.status,
+            handled_status=None,
+            labels=dict(alert.labels),
+            annotations=dict(alert.annotations),
+            generator_url=alert.generator_url,
+            ends_at=None,
+            first_delivery_id=None,
+            created_at=self.clock(),
+            resolved_at=None,
+        )
+        matched = []
+        for playbook in self.index.match(episode.labels):
+            new = planning.plan_alert_run(playbook, episode, self.registry, dry_run=self.dry_run)
+            matched.append(await self._plan_run(playbook, new, episode.labels, alert))
+        return {
+            "alert": alerts.describe(alert),
+            "resolved": alert.status is alerts.AlertStatus.RESOLVED,
+            "note": "a resolved alert starts nothing"
+            if alert.status is alerts.AlertStatus.RESOLVED
+            else "",
+            "playbooks": matched,
+        }
+
+    async def _plan_run(
+        self,
+        playbook: playbooks.Playbook,
+        new: records.NewRun,
+        labels: dict[str, str],
+        alert: alerts.Alert | None,
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "playbook": playbook.name,
+            "node": new.node,
+            "gpu": new.gpu,
+            "dry_run": new.dry_run,
+            "on_resolve": new.on_resolve,
+            "status": new.status.value,
+            "reason": new.reason,
+        }
+        if new.status is runs.RunStatus.FAILED:
+            return out | {"steps": []}
+        config = playbook.guards.apply(self.guards)
+        verdict = await self._verdict(config, new.node)
+        steps = []
+        for step in new.steps:
+            steps.append(
+                await self.preview_step(
+                    key=step.key,
+                    action_name=step.action,
+                    params=step.params,
+                    enabled=step.enabled,
+                    requires_approval=step.requires_approval,
+                    node=new.node,
+                    gpu=new.gpu,
+                    labels=labels,
+                    annotations=dict(alert.annotations) if alert else {},
+                    verdict=verdict,
+                )
+            )
+        return out | {"steps": steps}
+
+    async def plan_run(
+        self, run: records.Run, steps: list[records.Step], labels: dict[str, str]
+    ) -> dict[str, Any]:
+        playbook = self.index.get(run.playbook)
+        config = playbook.guards.apply(self.guards) if playbook else self.guards
+        verdict = await self._verdict(config, run.node)
+        previews = []
+        for step in steps:
+            preview = {"key": step.key, "action": step.action, "status": step.status.value}
+            if step.status in (runs.StepStatus.PENDING, runs.StepStatus.WAITING_APPROVAL):
+                preview = await self.preview_step(
+                    key=step.key,
+                    action_name=step.action,
+                    params=step.params,
+                    enabled=True,
+                    requires_approval=step.requires_approval,
+                    node=run.node,
+                    gpu=run.gpu,
+                    labels=labels,
+                    annotations={},
+                    verdict=verdict,
+                ) | {"status": step.status.value}
+            previews.append(preview)
+        return {"run": run.id, "playbook": run.playbook, "node": run.node, "steps": previews}
+
+    async def preview_step(
+        self,
+        *,
+        key: str,
+        action_name: str,
+        params: dict[str, Any],
+        enabled: bool,
+        requires_approval: bool,
+        node: str | None,
+        gpu: str | None,
+        labels: dict[str, str],
+        annotations: dict[str, str],
+        verdict: guard_rules.Verdict | None,
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "key": key,
+            "action": action_name,
+            "params": params,
+            "enabled": enabled,
+            "requires_approval": requires_approval,
+        }
+        if not enabled or action_name not in self.registry:
+            return out
+        action = self.registry.get(action_name)
+        out["disruptive"] = action.disruptive
+        try:
+            parsed = action.parse(params)
+        except pydantic.ValidationError as e:
+            return out | {"error": f"invalid params: {e.error_count()} errors"}
+        ctx = actions.ActionContext(
+            run_id=0,
+            step_id=0,
+            step_key=key,
+            attempt=0,
+            playbook="",
+            node=node,
+            gpu=gpu,
+            labels=labels,
+            annotations=annotations,
+            dry_run=True,
+            now=self.clock,
+            notifier=self.notifier,
+            cluster=self.cluster,
+        )
+        out["preview"] = await action.preview(ctx, parsed)
+        if action.disruptive and verdict is not None:
+            out["guard"] = {"go": verdict.go, "reason": verdict.reason}
+        return out
+
+    async def _verdict(
+        self, config: guard_rules.GuardConfig, node: str | None
+    ) -> guard_rules.Verdict | None:
+        if self.store is None:
+            return None
+        disruptive = frozenset(a.name for a in self.registry.all() if a.disruptive)
+        names = guarding.disruptive_playbooks(self.index, disruptive)
+        gpu_nodes = None
+        if self.cluster is not None:
+            try:
+                selector = getattr(self.cluster, "gpu_node_selector", "")
+                gpu_nodes = len(await self.cluster.list_nodes(selector))
+            except Exception:  # the plan still shows everything else
+                gpu_nodes = None
+
+        def snapshot(tx: store.Tx) -> guard_rules.Verdict:
+            state = tx.guard_snapshot(
+                node=node,
+                since=tx.now - config.breaker_window,
+                disruptive_playbooks=names,
+                gpu_nodes=gpu_nodes,
+            )
+            # One more run of this playbook is what the plan is about.
+            state = dataclasses.replace(state, recent_runs=state.recent_runs + 1)
+            return guard_rules.decide(config, state, node=node, now=tx.now)
+
+        return await self.store.run("plan", snapshot)

@@ -1,0 +1,91 @@
+"""Plans read live state from the simulator through the real client and change nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from remediator.sim import testing
+from tests.conftest import am_fixture
+
+PLAYBOOK = """
+name: hot-then-drain
+match: {alertname: GPUTemperatureHigh}
+steps:
+  - id: cap
+    action: gpu.power_cap
+    params: {percent_of_default: 70}
+  - id: drain
+    action: node.drain
+    params: {ignore_daemonsets: true, delete_emptydir_data: true, timeout_seconds: 60}
+    requires_approval: true
+"""
+
+
+@pytest.fixture
+async def sim():
+    async with testing.running_sim() as running:
+        yield running
+
+
+async def test_a_plan_shows_gpus_pods_blocking_budgets_and_guards_without_changing_anything(
+    make_harness, sim
+):
+    h = await make_harness(
+        PLAYBOOK,
+        kubernetes={"mode": "url", "url": sim.url, "token": sim.token},
+        guards={"max_nodes": 1},
+    )
+    limits_before = [sim.gpu("gpu-node-01", i).power_limit for i in range(2)]
+    response = await h.client.post(
+        "/api/v1/plan",
+        data=am_fixture("GPUTemperatureHigh-firing-2alerts"),
+        headers={"Content-Type": "application/json"},
+    )
+    assert response.status == 200, await response.text()
+    [first, _] = (await response.json())["alerts"]
+    [playbook] = first["playbooks"]
+    assert playbook["node"] == "gpu-node-01"
+    cap, drain = playbook["steps"]
+    gpus = cap["preview"]["state"]["gpus"]
+    assert len(gpus) == 1
+    assert gpus[0]["uuid"] == "GPU-659ac159-c80d-597b-9774-44ba7b02381d"
+    assert gpus[0]["current_limit"] == 700.0
+    assert gpus[0]["set_limit"] == 490.0
+    assert cap["disruptive"] is False
+    preview = drain["preview"]
+    assert "ml-training/llama-finetune-0" in preview["evict"]
+    assert any(key.startswith("gpu-operator/") for key in preview["skipped"])
+    assert drain["requires_approval"] is True
+    assert drain["guard"] == {"go": True, "reason": "within budget: 1 of 1 nodes"}
+    # Nothing changed: no run, the node schedulable, the limits as they were.
+    assert await h.runs() == []
+    assert sim.node("gpu-node-01")["spec"].get("unschedulable") in (None, False)
+    assert [sim.gpu("gpu-node-01", i).power_limit for i in range(2)] == limits_before
+
+
+async def test_a_waiting_run_has_a_plan_for_its_remaining_steps(make_harness, sim):
+    h = await make_harness(
+        PLAYBOOK, kubernetes={"mode": "url", "url": sim.url, "token": sim.token}
+    )
+    await h.post(am_fixture("GPUTemperatureHigh-firing-2alerts"))
+    await h.settle()
+    runs = await h.runs()
+    waiting = [r for r in runs if r["status"] == "waiting_approval"]
+    assert waiting
+    response = await h.client.get(f"/api/v1/runs/{waiting[0]['id']}/plan")
+    assert response.status == 200
+    plan = await response.json()
+    steps = {s["key"]: s for s in plan["steps"]}
+    assert steps["cap"]["status"] == "succeeded"
+    assert steps["drain"]["status"] == "waiting_approval"
+    assert steps["drain"]["preview"]["evict"]
+    assert (await h.client.get("/api/v1/runs/999/plan")).status == 404
+
+
+async def test_a_plan_refuses_what_is_not_a_payload(make_harness):
+    h = await make_harness(PLAYBOOK)
+    response = await h.client.post(
+        "/api/v1/plan", data=b'{"alerts": 1}', headers={"Content-Type": "application/json"}
+    )
+    assert response.status == 400
+    assert (await response.json())["error"]["fields"]
