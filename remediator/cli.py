@@ -121,6 +121,29 @@ def _schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from remediator.adapters import files
+    from remediator.app import planner
+
+    settings = _settings(args, ("database_url", "rules"))
+    try:
+        body = pathlib.Path(args.alert).read_bytes()
+        result = asyncio.run(
+            planner.plan_body(settings, body, use_database=planner.database_exists(settings))
+        )
+    except pydantic.ValidationError as e:
+        print(f"{args.alert}: not an Alertmanager webhook payload:\n{e}", file=sys.stderr)
+        return 2
+    except files.RulesInvalid as e:
+        print(f"playbooks are invalid:\n{e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"cannot read {args.alert}: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2, sort_keys=True))
+    return 0
+
+
 def _sim(args: argparse.Namespace) -> int:
     from remediator.sim import cli as sim_cli
 
@@ -148,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument("paths", nargs="+", help="playbook files or directories")
     lint.add_argument("--plugin", action="append", help="module registering extra actions")
     lint.set_defaults(func=_lint)
+
+    plan = commands.add_parser(
+        "plan", help="show what remediator would do for an alert payload; changes nothing"
+    )
+    plan.add_argument("--alert", required=True, help="an Alertmanager webhook body (JSON file)")
+    _add_settings_options(plan, ("database_url", "rules"))
+    plan.set_defaults(func=_plan)
 
     schema = commands.add_parser("schema", help="print the playbook JSON Schema")
     schema.set_defaults(func=_schema)

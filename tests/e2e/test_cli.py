@@ -1,0 +1,96 @@
+"""The ``remediator`` commands as users run them: separate processes, real files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+from remediator.sim import testing
+from tests.conftest import AM_FIXTURES, ROOT
+
+pytestmark = pytest.mark.e2e
+
+
+def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", "remediator", *argv],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_lint_accepts_the_shipped_rules():
+    result = run("lint", "rules")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "playbook(s) OK" in result.stdout
+
+
+def test_lint_reports_problems_with_file_and_path_and_fails(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nmatch: {alertname: A}\nsteps:\n  - {id: x, action: nope}\n")
+    result = run("lint", str(bad))
+    assert result.returncode == 1
+    assert f"{bad}: steps.0.action: unknown action 'nope'" in result.stdout
+
+
+def test_schema_is_json_schema_of_the_playbook_format():
+    result = run("schema")
+    assert result.returncode == 0
+    schema = json.loads(result.stdout)
+    assert schema["title"] == "remediator playbook"
+    assert {"name", "steps"} <= set(schema["required"])
+
+
+def test_migrate_creates_the_schema_at_head(tmp_path):
+    url = f"sqlite+aiosqlite:///{tmp_path / 'm.db'}"
+    result = run("migrate", "--database-url", url)
+    assert result.returncode == 0, result.stderr
+    assert "database at revision" in result.stdout
+    assert "None" not in result.stdout
+
+
+async def test_plan_reads_the_simulated_cluster_and_changes_nothing(tmp_path):
+    async with testing.running_sim() as sim:
+        env = {
+            "REMEDIATOR_KUBERNETES__MODE": "url",
+            "REMEDIATOR_KUBERNETES__URL": sim.url,
+            "REMEDIATOR_KUBERNETES__TOKEN": sim.token,
+            "REMEDIATOR_LOG_LEVEL": "WARNING",
+        }
+        fixture = AM_FIXTURES / "GPUXidError79-firing-1alerts.json"
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "remediator",
+            "plan",
+            "--alert",
+            str(fixture),
+            "--database-url",
+            f"sqlite+aiosqlite:///{tmp_path / 'absent.db'}",
+            cwd=ROOT,
+            env={**__import__("os").environ, **env},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+        out, err = await asyncio.wait_for(process.communicate(), 120)
+        assert process.returncode == 0, err.decode()
+        plan = json.loads(out)
+        assert plan["cluster"] == "connected"
+        assert plan["guards"].startswith("not evaluated")
+        [alert] = plan["alerts"]
+        steps = {s["key"]: s for s in alert["playbooks"][0]["steps"]}
+        drain = next(s for s in steps.values() if s["action"] == "node.drain")
+        assert "research/jupyter-alice" in str(drain["preview"])
+        assert sim.node("gpu-node-03")["spec"].get("unschedulable") in (None, False)
+        assert not (tmp_path / "absent.db").exists()
