@@ -2,7 +2,7 @@
 
 Counters and histograms are updated where things happen (intake, engine hooks, database
 transactions). Gauges that mirror database state (approvals waiting, breaker, node budget) are
-read at scrape time by ``refresh_state``: one cheap query per scrape instead of updates from
+read at scrape time by ``read_state``: one cheap query per scrape instead of updates from
 every code path, and every replica reports the same values.
 """
 

@@ -316,7 +316,9 @@ def create_app(
     app[http_audit.AUDIT] = http_audit.AuditDeps(
         db_audit.AuditQueries(components.db), settings.artifact_dir
     )
-    app[health.HEALTH] = health.HealthDeps(components.db, components.rules, components.metrics)
+    app[health.HEALTH] = health.HealthDeps(
+        components.db, components.rules, components.metrics, clock=components.clock
+    )
     app[guards_http.GUARDS] = guards_http.GuardDeps(
         components.breaker_status, components.reset_breaker
     )

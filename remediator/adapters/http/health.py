@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 import prometheus_client
@@ -21,6 +22,7 @@ class HealthDeps:
     db: database.Database
     rules: Any
     metrics: Metrics
+    clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
 
 
 HEALTH = web.AppKey("health", HealthDeps)
@@ -49,7 +51,7 @@ async def readyz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     deps = request.app[HEALTH]
     try:
-        state = await metrics_mod.read_state(deps.db, now=dt.datetime.now(dt.UTC))
+        state = await metrics_mod.read_state(deps.db, now=deps.clock())
     except errors.StoreUnavailable:
         deps.metrics.state_errors.inc()  # keep the last values; the counter tells
     else:

@@ -1,0 +1,77 @@
+"""``/metrics``: counters from intake and the engine, and gauges read from the database at
+scrape time (approvals waiting, breaker, node budget), on SQLite and Postgres."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
+
+from remediator.adapters.db import tables
+from tests.conftest import am_fixture
+
+PLAYBOOK = """
+name: needs-approval
+match: {alertname: GPUXidError79}
+steps:
+  - {id: a, action: test.record, params: {label: a}, requires_approval: true}
+"""
+
+
+async def _scrape(harness) -> dict[str, float]:
+    response = await harness.client.get("/metrics")
+    assert response.status == 200
+    samples = {}
+    for family in text_string_to_metric_families(await response.text()):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples
+
+
+async def test_gauges_follow_the_database_at_scrape_time(make_harness, clock):
+    harness = await make_harness(PLAYBOOK)
+    before = await _scrape(harness)
+    assert before["remediator_approvals_pending"] == 0
+    assert before["remediator_approval_oldest_age_seconds"] == 0
+    assert before["remediator_breaker_open"] == 0  # no guard_state row: closed
+    assert before["remediator_budget_nodes_in_use"] == 0
+    assert before["remediator_leader"] == 1  # the only replica
+
+    body = am_fixture("GPUXidError79-firing-1alerts")
+    response = await harness.post(body)
+    assert response.status == 200
+    await harness.settle()
+    clock.advance(90)
+    run_id = (await harness.runs())[0]["id"]
+    now = clock()
+    async with harness.components.db.write() as conn:
+        await conn.execute(
+            sa.insert(tables.guard_state).values(
+                key="breaker", value={"open": True}, updated_at=now
+            )
+        )
+        for node in ("gpu-node-01", "gpu-node-02"):
+            await conn.execute(
+                sa.insert(tables.disruptions).values(run_id=run_id, node=node, started_at=now)
+            )
+
+    after = await _scrape(harness)
+    assert after["remediator_approvals_pending"] == 1
+    assert after["remediator_approval_oldest_age_seconds"] == 90
+    assert after["remediator_breaker_open"] == 1
+    assert after["remediator_budget_nodes_in_use"] == 2
+    assert after["remediator_alerts_received_total{status=firing}"] == 1
+    assert after["remediator_deliveries_total"] == 1
+
+
+async def test_rejected_deliveries_are_counted_by_reason(make_harness):
+    harness = await make_harness(PLAYBOOK)
+    response = await harness.post(b"{not json")
+    assert response.status == 400
+    samples = await _scrape(harness)
+    rejected = {
+        k: v for k, v in samples.items() if k.startswith("remediator_deliveries_rejected_total")
+    }
+    assert sum(rejected.values()) == 1
