@@ -253,3 +253,17 @@ leader_leases = sa.Table(
     sa.Column("renewed_at", UTCDateTime(), nullable=False),
     sa.Column("expires_at", UTCDateTime(), nullable=False),
 )
+
+# Auditor queries (migration 0003): filters answer from an index, newest first.
+AUDIT_INDEXES = (
+    sa.Index("ix_audit_events_actor", audit_events.c.actor, audit_events.c.id),
+    sa.Index("ix_audit_events_kind", audit_events.c.kind, audit_events.c.id),
+    sa.Index("ix_audit_events_to_status", audit_events.c.to_status, audit_events.c.id),
+    sa.Index("ix_audit_events_step", audit_events.c.step_id),
+    sa.Index("ix_audit_events_episode", audit_events.c.episode_id),
+    sa.Index("ix_runs_gpu", runs.c.gpu, runs.c.created_at),
+    sa.Index("ix_runs_principal", runs.c.principal, runs.c.created_at),
+    sa.Index("ix_runs_created", runs.c.created_at),
+    sa.Index("ix_steps_action", steps.c.action, steps.c.run_id),
+    sa.Index("ix_approvals_principal", approvals.c.principal),
+)

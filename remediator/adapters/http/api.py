@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -11,6 +10,7 @@ from aiohttp import web
 
 from remediator.adapters.db import queries
 from remediator.adapters.http import auth as http_auth
+from remediator.adapters.http import runbooks
 from remediator.domain import auth, errors
 
 
@@ -26,7 +26,7 @@ _ALERT_FILTERS = ("status", "alertname", "fingerprint")
 _RUN_FILTERS = ("status", "playbook", "node", "kind", "episode")
 
 
-def _paging(request: web.Request) -> tuple[int, int | None]:
+def paging(request: web.Request) -> tuple[int, int | None]:
     try:
         limit = int(request.query.get("limit", "50"))
         cursor_text = request.query.get("cursor")
@@ -60,7 +60,7 @@ def _page_json(page: queries.Page) -> web.Response:
 
 async def list_alerts(request: web.Request) -> web.Response:
     http_auth.require(request, auth.Permission.READ)
-    limit, cursor = _paging(request)
+    limit, cursor = paging(request)
     page = await request.app[API].queries.episodes(
         limit=limit, cursor=cursor, filters=_filters(request, _ALERT_FILTERS)
     )
@@ -69,7 +69,7 @@ async def list_alerts(request: web.Request) -> web.Response:
 
 async def list_runs(request: web.Request) -> web.Response:
     http_auth.require(request, auth.Permission.READ)
-    limit, cursor = _paging(request)
+    limit, cursor = paging(request)
     filters = _filters(request, _RUN_FILTERS)
     if "episode" in filters and not filters["episode"].isdigit():
         raise errors.ValidationFailed("episode must be an integer id")
@@ -77,7 +77,7 @@ async def list_runs(request: web.Request) -> web.Response:
     return _page_json(page)
 
 
-def _int_param(request: web.Request, name: str) -> int:
+def int_param(request: web.Request, name: str) -> int:
     value = request.match_info[name]
     if not value.isdigit() or len(value) > 18:
         raise errors.NotFound(f"{name} {value!r} not found")
@@ -86,7 +86,7 @@ def _int_param(request: web.Request, name: str) -> int:
 
 async def get_run(request: web.Request) -> web.Response:
     http_auth.require(request, auth.Permission.READ)
-    detail = await request.app[API].queries.run_detail(_int_param(request, "run_id"))
+    detail = await request.app[API].queries.run_detail(int_param(request, "run_id"))
     if detail is None:
         raise errors.NotFound("run not found")
     return web.json_response(detail)
@@ -94,23 +94,15 @@ async def get_run(request: web.Request) -> web.Response:
 
 async def _decision(request: web.Request, *, approve: bool) -> web.Response:
     principal = http_auth.require(request, auth.Permission.OPERATE)
-    run_id = _int_param(request, "run_id")
-    step_id = _int_param(request, "step_id")
-    try:
-        body = await request.json() if request.can_read_body else {}
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise errors.ValidationFailed('body must be JSON: {"comment": "..."}') from None
-    comment = body.get("comment") if isinstance(body, dict) else None
-    if not isinstance(comment, str) or not comment.strip() or len(comment) > 4000:
-        raise errors.ValidationFailed(
-            "a comment is required", fields=[{"field": "comment", "message": "required"}]
-        )
+    run_id = int_param(request, "run_id")
+    step_id = int_param(request, "step_id")
+    body: runbooks.CommentBody = await runbooks.read_json(request, runbooks.CommentBody)
     result = await request.app[API].decide(
         run_id=run_id,
         step_id=step_id,
         principal=principal,
         approve=approve,
-        comment=comment.strip(),
+        comment=body.comment,
     )
     return web.json_response(result)
 

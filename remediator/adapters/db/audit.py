@@ -1,0 +1,223 @@
+"""The auditors' read side: filtered runs and audit events, streamed exports, chain checks.
+
+Filters translate into indexed conditions (migration 0003). Pages are keyset pages on ``id``
+(newest first); exports and verification walk the chain in ascending ``id`` in batches, each
+batch its own short read, so memory stays flat and no transaction stays open for the whole
+walk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import AsyncIterator
+from typing import Any
+
+import sqlalchemy as sa
+
+from remediator.adapters.db import database, queries, tables
+from remediator.domain import audit
+
+A = tables.audit_events
+R = tables.runs
+S = tables.steps
+E = tables.alert_episodes
+H = tables.audit_head
+D = tables.deliveries
+AP = tables.approvals
+
+EVENT_FILTERS = (
+    "since",
+    "until",
+    "node",
+    "gpu",
+    "alertname",
+    "fingerprint",
+    "playbook",
+    "action",
+    "outcome",
+    "principal",
+    "kind",
+    "run",
+)
+RUN_FILTERS = tuple(name for name in EVENT_FILTERS if name != "kind")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Filters:
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+    node: str | None = None
+    gpu: str | None = None
+    alertname: str | None = None
+    fingerprint: str | None = None
+    playbook: str | None = None
+    action: str | None = None
+    outcome: str | None = None
+    principal: str | None = None
+    kind: str | None = None
+    run: int | None = None
+
+
+def _episode_ids(filters: Filters) -> sa.Select[Any] | None:
+    if filters.alertname is None and filters.fingerprint is None:
+        return None
+    query = sa.select(E.c.id)
+    if filters.alertname is not None:
+        query = query.where(E.c.alertname == filters.alertname)
+    if filters.fingerprint is not None:
+        query = query.where(E.c.fingerprint == filters.fingerprint)
+    return query
+
+
+def _run_conditions(filters: Filters) -> list[Any]:
+    """Conditions on ``runs`` shared by run queries and by event queries (through run ids)."""
+    conditions: list[Any] = []
+    for value, column in (
+        (filters.node, R.c.node),
+        (filters.gpu, R.c.gpu),
+        (filters.playbook, R.c.playbook),
+    ):
+        if value is not None:
+            conditions.append(column == value)
+    episodes = _episode_ids(filters)
+    if episodes is not None:
+        conditions.append(R.c.episode_id.in_(episodes))
+    return conditions
+
+
+def event_conditions(filters: Filters) -> list[Any]:
+    conditions: list[Any] = []
+    if filters.since is not None:
+        conditions.append(A.c.at >= filters.since)
+    if filters.until is not None:
+        conditions.append(A.c.at < filters.until)
+    if filters.principal is not None:
+        conditions.append(A.c.actor == filters.principal)
+    if filters.kind is not None:
+        conditions.append(A.c.kind == filters.kind)
+    if filters.outcome is not None:
+        conditions.append(A.c.to_status == filters.outcome)
+    if filters.run is not None:
+        conditions.append(A.c.run_id == filters.run)
+    if filters.action is not None:
+        conditions.append(A.c.step_id.in_(sa.select(S.c.id).where(S.c.action == filters.action)))
+    run_conditions = _run_conditions(filters)
+    if run_conditions:
+        conditions.append(A.c.run_id.in_(sa.select(R.c.id).where(*run_conditions)))
+    return conditions
+
+
+def run_conditions(filters: Filters) -> list[Any]:
+    conditions = _run_conditions(filters)
+    if filters.since is not None:
+        conditions.append(R.c.created_at >= filters.since)
+    if filters.until is not None:
+        conditions.append(R.c.created_at < filters.until)
+    if filters.outcome is not None:
+        conditions.append(R.c.status == filters.outcome)
+    if filters.run is not None:
+        conditions.append(R.c.id == filters.run)
+    if filters.action is not None:
+        conditions.append(R.c.id.in_(sa.select(S.c.run_id).where(S.c.action == filters.action)))
+    if filters.principal is not None:
+        acted = sa.select(A.c.run_id).where(A.c.actor == filters.principal, A.c.run_id.is_not(None))
+        conditions.append(sa.or_(R.c.principal == filters.principal, R.c.id.in_(acted)))
+    return conditions
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainReport:
+    ok: bool
+    checked: int
+    first_broken_id: int | None
+    reason: str
+    head_id: int | None
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "checked": self.checked,
+            "firstBrokenId": self.first_broken_id,
+            "reason": self.reason,
+            "headId": self.head_id,
+        }
+
+
+class AuditQueries:
+    def __init__(self, db: database.Database, *, batch: int = 2000) -> None:
+        self.db = db
+        self.batch = batch
+
+    async def events(self, filters: Filters, *, limit: int, cursor: int | None) -> queries.Page:
+        query = sa.select(A).where(*event_conditions(filters)).order_by(A.c.id.desc())
+        if cursor is not None:
+            query = query.where(A.c.id < cursor)
+        async with self.db.read("audit.events") as conn:
+            rows = list(await conn.execute(query.limit(limit + 1)))
+        return queries.paged(rows, limit, queries.event_json)
+
+    async def runs(self, filters: Filters, *, limit: int, cursor: int | None) -> queries.Page:
+        query = sa.select(R).where(*run_conditions(filters)).order_by(R.c.id.desc())
+        if cursor is not None:
+            query = query.where(R.c.id < cursor)
+        async with self.db.read("audit.runs") as conn:
+            rows = list(await conn.execute(query.limit(limit + 1)))
+        return queries.paged(rows, limit, queries.run_json)
+
+    async def stream_events(self, filters: Filters) -> AsyncIterator[list[dict[str, Any]]]:
+        """Matching events in chain order, one keyset batch at a time."""
+        conditions = event_conditions(filters)
+        after = 0
+        while True:
+            query = (
+                sa.select(A).where(A.c.id > after, *conditions).order_by(A.c.id).limit(self.batch)
+            )
+            async with self.db.read("audit.export") as conn:
+                rows = list(await conn.execute(query))
+            if not rows:
+                return
+            after = rows[-1].id
+            yield [queries.event_json(row) for row in rows]
+            if len(rows) < self.batch:
+                return
+
+    async def verify(self) -> ChainReport:
+        """Walk the whole chain; report the first broken link, or a head that does not match
+        the last event (events deleted from the end)."""
+        prev, checked, last_id = audit.GENESIS, 0, None
+        async for batch in self.stream_events(Filters()):
+            for event in batch:
+                if event["prev_hash"] != prev:
+                    return ChainReport(False, checked, event["id"], "prev_hash does not link", None)
+                if audit.chain_hash(prev, event) != event["hash"]:
+                    return ChainReport(
+                        False, checked, event["id"], "content does not match its hash", None
+                    )
+                prev, last_id, checked = event["hash"], event["id"], checked + 1
+        async with self.db.read("audit.head") as conn:
+            head = (await conn.execute(sa.select(H.c.last_id, H.c.last_hash))).one_or_none()
+        head_id, head_hash = (head.last_id, head.last_hash) if head else (None, audit.GENESIS)
+        if (head_id, head_hash) != (last_id, prev):
+            broken = (last_id or 0) + 1
+            return ChainReport(
+                False, checked, broken, "chain head does not match the last event", head_id
+            )
+        return ChainReport(True, checked, None, "", head_id)
+
+    async def delivery(self, delivery_id: int) -> dict[str, Any] | None:
+        async with self.db.read("audit.delivery") as conn:
+            row = (await conn.execute(sa.select(D).where(D.c.id == delivery_id))).one_or_none()
+        if row is None:
+            return None
+        return {
+            "id": row.id,
+            "receivedAt": row.received_at.isoformat(),
+            "receiver": row.receiver,
+            "status": row.status,
+            "groupKey": row.group_key,
+            "alertCount": row.alert_count,
+            "principal": row.principal,
+            "remote": row.remote,
+            "body": row.body,
+        }

@@ -1,0 +1,181 @@
+"""Auditors' API (role ``auditor`` or ``admin``): filtered history, streamed exports, chain
+verification, raw alert deliveries and artifacts."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime as dt
+import io
+import json
+import pathlib
+from typing import Any
+
+from aiohttp import web
+
+from remediator.adapters.db import audit as db_audit
+from remediator.adapters.http import api
+from remediator.adapters.http import auth as http_auth
+from remediator.domain import audit, auth, errors
+
+EXPORT_FIELDS = (*audit.CONTENT_FIELDS, "prev_hash", "hash")
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditDeps:
+    queries: db_audit.AuditQueries
+    artifact_dir: pathlib.Path
+
+
+AUDIT = web.AppKey("audit", AuditDeps)
+
+
+def _time(name: str, value: str) -> dt.datetime:
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise errors.ValidationFailed(
+            f"{name} must be an ISO 8601 time",
+            fields=[{"field": name, "message": "not an ISO 8601 time"}],
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def parse_filters(
+    request: web.Request, allowed: tuple[str, ...], extra: tuple[str, ...] = ()
+) -> db_audit.Filters:
+    given = dict(request.query)
+    unknown = sorted(set(given) - {*allowed, *extra})
+    if unknown:
+        raise errors.ValidationFailed(
+            f"unknown query parameters: {', '.join(unknown)}",
+            fields=[{"field": name, "message": "unknown parameter"} for name in unknown],
+        )
+    values: dict[str, Any] = {key: given[key] for key in allowed if key in given}
+    for name in ("since", "until"):
+        if name in values:
+            values[name] = _time(name, values[name])
+    if "run" in values:
+        if not values["run"].isdigit() or len(values["run"]) > 18:
+            raise errors.ValidationFailed(
+                "run must be an integer id", fields=[{"field": "run", "message": "not an id"}]
+            )
+        values["run"] = int(values["run"])
+    return db_audit.Filters(**values)
+
+
+async def list_events(request: web.Request) -> web.Response:
+    http_auth.require(request, auth.Permission.AUDIT)
+    limit, cursor = api.paging(request)
+    filters = parse_filters(request, db_audit.EVENT_FILTERS, ("limit", "cursor"))
+    page = await request.app[AUDIT].queries.events(filters, limit=limit, cursor=cursor)
+    return web.json_response({"items": page.items, "nextCursor": page.next_cursor})
+
+
+async def list_runs(request: web.Request) -> web.Response:
+    http_auth.require(request, auth.Permission.AUDIT)
+    limit, cursor = api.paging(request)
+    filters = parse_filters(request, db_audit.RUN_FILTERS, ("limit", "cursor"))
+    page = await request.app[AUDIT].queries.runs(filters, limit=limit, cursor=cursor)
+    return web.json_response({"items": page.items, "nextCursor": page.next_cursor})
+
+
+def _csv_rows(batch: list[dict[str, Any]], *, header: bool) -> bytes:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    if header:
+        writer.writerow(EXPORT_FIELDS)
+    for event in batch:
+        writer.writerow(
+            [
+                json.dumps(event[key], sort_keys=True) if key == "data" else event[key]
+                for key in EXPORT_FIELDS
+            ]
+        )
+    return buffer.getvalue().encode()
+
+
+def _jsonl_rows(batch: list[dict[str, Any]]) -> bytes:
+    return "".join(
+        json.dumps({key: event[key] for key in EXPORT_FIELDS}, ensure_ascii=False) + "\n"
+        for event in batch
+    ).encode()
+
+
+async def export_events(request: web.Request) -> web.StreamResponse:
+    """Matching events in chain order, with their hashes, streamed batch by batch."""
+    http_auth.require(request, auth.Permission.AUDIT)
+    fmt = request.query.get("format", "jsonl")
+    if fmt not in ("jsonl", "csv"):
+        raise errors.ValidationFailed(
+            "format must be jsonl or csv", fields=[{"field": "format", "message": "jsonl|csv"}]
+        )
+    filters = parse_filters(request, db_audit.EVENT_FILTERS, ("format",))
+    content_type = "application/x-ndjson" if fmt == "jsonl" else "text/csv"
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": f"{content_type}; charset=utf-8",
+            "Content-Disposition": f'attachment; filename="audit-events.{fmt}"',
+        }
+    )
+    await response.prepare(request)
+    first = True
+    async for batch in request.app[AUDIT].queries.stream_events(filters):
+        chunk = _jsonl_rows(batch) if fmt == "jsonl" else _csv_rows(batch, header=first)
+        await response.write(chunk)
+        first = False
+    if first and fmt == "csv":
+        await response.write(_csv_rows([], header=True))
+    await response.write_eof()
+    return response
+
+
+async def verify_chain(request: web.Request) -> web.Response:
+    http_auth.require(request, auth.Permission.AUDIT)
+    report = await request.app[AUDIT].queries.verify()
+    return web.json_response(report.json())
+
+
+async def get_delivery(request: web.Request) -> web.Response:
+    http_auth.require(request, auth.Permission.AUDIT)
+    found = await request.app[AUDIT].queries.delivery(api.int_param(request, "delivery_id"))
+    if found is None:
+        raise errors.NotFound("delivery not found (or deleted by retention)")
+    return web.json_response(found)
+
+
+def resolve_artifact(root: pathlib.Path, relative: str) -> pathlib.Path:
+    """``relative`` inside ``root``, or ``NotFound``: absolute paths, ``..`` and symlinks that
+    leave the directory are refused."""
+    parts = pathlib.PurePosixPath(relative).parts
+    if not relative or relative.startswith("/") or "\\" in relative or ".." in parts:
+        raise errors.NotFound("no such artifact")
+    base = root.resolve()
+    path = (base / relative).resolve()
+    if not path.is_relative_to(base) or not path.is_file():
+        raise errors.NotFound("no such artifact")
+    return path
+
+
+async def get_artifact(request: web.Request) -> web.StreamResponse:
+    http_auth.require(request, auth.Permission.AUDIT)
+    path = resolve_artifact(request.app[AUDIT].artifact_dir, request.match_info["path"])
+    return web.FileResponse(
+        path,
+        headers={
+            "Content-Type": "application/octet-stream",
+            "Content-Disposition": f'attachment; filename="{path.name}"',
+        },
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/api/v1/audit/events", list_events)
+    app.router.add_get("/api/v1/audit/runs", list_runs)
+    app.router.add_get("/api/v1/audit/export", export_events)
+    app.router.add_get("/api/v1/audit/verify", verify_chain)
+    app.router.add_get("/api/v1/deliveries/{delivery_id}", get_delivery)
+    app.router.add_get("/api/v1/artifacts/{path:.+}", get_artifact)
+
+
+__all__ = ["AUDIT", "AuditDeps", "add_routes"]

@@ -1,0 +1,374 @@
+"""The operators' web page, rendered on the server (a little JavaScript polls for progress).
+
+- ``/runbooks``: runs waiting for approval (with the triggering alert), manual runbooks, recent
+  runs; ``/runbooks/runs/{id}``: one run, its plan, approve / reject, live step progress.
+- Sign-in with a token (or HTTP Basic, or the trusted proxy's header) into a signed session
+  cookie: HttpOnly, SameSite=Strict, Secure over TLS (or as configured).
+- Every form post carries a CSRF token bound to the session; without it the post is refused
+  (403) before anything else is looked at. Auditors get no approve button and a forged post is
+  refused by the role check as well.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.resources
+import json
+import secrets
+import string
+from typing import Any
+
+from aiohttp import web
+
+from remediator.adapters.db import queries
+from remediator.adapters.http import api, runbooks
+from remediator.adapters.http import auth as http_auth
+from remediator.domain import auth, errors
+
+LOGIN_NONCE = "remediator_login"
+_TEMPLATES = importlib.resources.files("remediator.adapters.http").joinpath("templates")
+_LAYOUT = string.Template(_TEMPLATES.joinpath("layout.html").read_text(encoding="utf-8"))
+_RUN_JS = _TEMPLATES.joinpath("run.js").read_text(encoding="utf-8")
+
+esc = html.escape
+
+
+def _page(
+    title: str, body: str, *, who: str = "", status: int = 200, script: str = ""
+) -> web.Response:
+    nonce = secrets.token_urlsafe(16)
+    if script:
+        body += f'\n<script nonce="{nonce}">{script}</script>'
+    text = _LAYOUT.substitute(title=esc(title), who=who, body=body)
+    policy = (
+        f"default-src 'self'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
+        "frame-ancestors 'none'; form-action 'self'"
+    )
+    return web.Response(
+        text=text,
+        content_type="text/html",
+        status=status,
+        headers={"Content-Security-Policy": policy, "X-Content-Type-Options": "nosniff"},
+    )
+
+
+def _viewer(request: web.Request) -> tuple[auth.Principal, str]:
+    principal, via = http_auth.identify(request)
+    if principal is None:
+        raise web.HTTPSeeOther("/runbooks/login")
+    if not principal.can(auth.Permission.READ):
+        raise web.HTTPForbidden(text=f"{principal.name} may not read")
+    return principal, via
+
+
+def _csrf(request: web.Request, principal: auth.Principal, via: str) -> str:
+    return request.app[http_auth.SESSIONS].csrf_token(request, principal, via)
+
+
+def _who(request: web.Request, principal: auth.Principal, via: str) -> str:
+    roles = ", ".join(sorted(role.value for role in principal.roles))
+    logout = ""
+    if via == "cookie":
+        logout = (
+            '<form method="post" action="/runbooks/logout" style="display:inline">'
+            f'<input type="hidden" name="csrf" value="{_csrf(request, principal, via)}">'
+            '<button type="submit">Sign out</button></form>'
+        )
+    return f'<span class="who" id="who">{esc(principal.name)} ({esc(roles)}) {logout}</span>'
+
+
+async def _form(request: web.Request, permission: auth.Permission) -> tuple[Any, auth.Principal]:
+    """The posted form and its principal, after the CSRF check and then the role check."""
+    form = await request.post()
+    principal, via = http_auth.identify(request)
+    if principal is None:
+        raise web.HTTPUnauthorized(text="sign in first")
+    token = form.get("csrf")
+    if not isinstance(token, str) or not request.app[http_auth.SESSIONS].check_csrf(
+        request, principal, via, token
+    ):
+        raise web.HTTPForbidden(text="missing or invalid CSRF token")
+    request[http_auth.CSRF_CHECKED] = True
+    return form, http_auth.require(request, permission)
+
+
+# -- sign-in -------------------------------------------------------------------------------
+
+
+async def login_form(request: web.Request) -> web.Response:
+    nonce = secrets.token_urlsafe(24)
+    body = f"""
+<h1>Sign in</h1>
+<form method="post" action="/runbooks/login" id="login">
+<input type="hidden" name="csrf" value="{nonce}">
+<p><label>Name (optional) <input name="name" autocomplete="username"></label></p>
+<p><label>Token <input name="token" type="password" autocomplete="current-password"
+ required></label></p>
+<p><button type="submit">Sign in</button></p>
+</form>"""
+    response = _page("Sign in", body)
+    response.set_cookie(
+        LOGIN_NONCE,
+        nonce,
+        max_age=600,
+        httponly=True,
+        samesite="Strict",
+        secure=request.app[http_auth.SESSIONS].cookie_secure(request),
+        path="/runbooks",
+    )
+    return response
+
+
+async def login(request: web.Request) -> web.Response:
+    form = await request.post()
+    nonce = request.cookies.get(LOGIN_NONCE, "")
+    if not nonce or form.get("csrf") != nonce:
+        raise web.HTTPForbidden(text="missing or invalid CSRF token")
+    book = request.app.get(http_auth.TOKENS)
+    token, name = str(form.get("token", "")), str(form.get("name", "")).strip() or None
+    principal = book.authenticate(token, name=name) if book is not None and token else None
+    if principal is None:
+        return _page("Sign in", '<p class="error">Unknown token.</p>', status=401)
+    sessions = request.app[http_auth.SESSIONS]
+    response = web.HTTPSeeOther("/runbooks")
+    response.set_cookie(
+        http_auth.COOKIE,
+        sessions.issue(principal.name),
+        max_age=int(sessions.ttl),
+        httponly=True,
+        samesite="Strict",
+        secure=sessions.cookie_secure(request),
+        path="/",
+    )
+    response.del_cookie(LOGIN_NONCE, path="/runbooks")
+    raise response
+
+
+async def logout(request: web.Request) -> web.Response:
+    await _form(request, auth.Permission.READ)
+    response = web.HTTPSeeOther("/runbooks/login")
+    response.del_cookie(http_auth.COOKIE, path="/")
+    raise response
+
+
+# -- pages ---------------------------------------------------------------------------------
+
+
+def _alert_cell(alert: dict[str, Any] | None) -> str:
+    if alert is None:
+        return "manual"
+    links = [f'<a href="{esc(alert["generatorURL"])}" rel="noreferrer">graph</a>']
+    if alert.get("alertmanagerURL"):
+        links.append(f'<a href="{esc(alert["alertmanagerURL"])}" rel="noreferrer">Alertmanager</a>')
+    return f"{esc(alert['alertname'])} ({esc(alert['status'])}) " + " · ".join(links)
+
+
+def _approvals_table(items: list[dict[str, Any]]) -> str:
+    if not items:
+        return '<p id="no-approvals">Nothing is waiting for approval.</p>'
+    rows = []
+    for item in items:
+        run, step = item["run"], item["step"]
+        rows.append(
+            f'<tr class="pending-approval"><td><a href="/runbooks/runs/{run["id"]}">run '
+            f"{run['id']}</a></td><td>{esc(run['playbook'])}</td><td>{esc(run['node'] or '')}"
+            f"</td><td>{esc(step['key'])} ({esc(step['action'])})</td>"
+            f"<td>{len(item['approvals'])} / {step['approvalsRequired']}</td>"
+            f"<td>{_alert_cell(item['alert'])}</td><td>{esc(run['waitingSince'] or '')}</td></tr>"
+        )
+    return (
+        '<table id="approvals"><tr><th>run</th><th>playbook</th><th>node</th><th>step</th>'
+        "<th>approvals</th><th>alert</th><th>waiting since</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def _runbooks_section(request: web.Request, principal: auth.Principal, csrf: str) -> str:
+    parts = []
+    for playbook in runbooks.manual_playbooks(request.app[runbooks.RUNBOOKS].rules):
+        inputs = "".join(
+            f'<label>{esc(name)} <input name="param.{esc(name)}" '
+            f'placeholder="{esc(spec.type.value)}"></label> '
+            for name, spec in playbook.parameters.items()
+        )
+        form = ""
+        if principal.can(auth.Permission.OPERATE):
+            form = (
+                f'<form method="post" action="/runbooks/{esc(playbook.name)}/trigger">'
+                f'<input type="hidden" name="csrf" value="{csrf}">'
+                f'<label>node <input name="node"></label> {inputs}'
+                '<button type="submit">Start</button></form>'
+            )
+        parts.append(
+            f"<li><strong>{esc(playbook.name)}</strong> {esc(playbook.description)}{form}</li>"
+        )
+    return '<ul id="runbooks">' + "".join(parts) + "</ul>" if parts else "<p>None.</p>"
+
+
+async def index(request: web.Request) -> web.Response:
+    principal, via = _viewer(request)
+    csrf = _csrf(request, principal, via)
+    items = await queries.pending_approvals(request.app[runbooks.RUNBOOKS].db)
+    recent = await request.app[api.API].queries.runs(limit=20, cursor=None, filters={})
+    runs = "".join(
+        f'<tr><td><a href="/runbooks/runs/{run["id"]}">{run["id"]}</a></td>'
+        f"<td>{esc(run['playbook'])}</td><td>{esc(run['node'] or '')}</td>"
+        f'<td class="status">{esc(run["status"])}</td><td>{esc(run["createdAt"] or "")}</td></tr>'
+        for run in recent.items
+    )
+    body = (
+        "<h2>Waiting for approval</h2>"
+        + _approvals_table(items)
+        + "<h2>Manual runbooks</h2>"
+        + _runbooks_section(request, principal, csrf)
+        + '<h2>Recent runs</h2><table id="recent"><tr><th>run</th><th>playbook</th>'
+        + f"<th>node</th><th>status</th><th>created</th></tr>{runs}</table>"
+    )
+    return _page("Runbooks", body, who=_who(request, principal, via))
+
+
+def _step_rows(
+    detail: dict[str, Any], playbook: Any, *, can_decide: bool, csrf: str
+) -> tuple[str, str]:
+    rows, plan = [], []
+    for step in detail["steps"]:
+        description = ""
+        if playbook is not None and step["phase"] == "do":
+            try:
+                description = playbook.step(step["key"]).description
+            except KeyError:
+                description = ""
+        decided = [a for a in detail.get("approvals", []) if a["stepId"] == step["id"]]
+        forms = ""
+        if can_decide and step["status"] == "waiting_approval":
+            action = f"/runbooks/runs/{detail['id']}/steps/{step['id']}"
+            forms = "".join(
+                f'<form class="decision" method="post" action="{action}/{verb}">'
+                f'<input type="hidden" name="csrf" value="{csrf}">'
+                f'<textarea name="comment" required placeholder="comment"></textarea><br>'
+                f'<button type="submit" class="{verb}">{verb.capitalize()}</button></form>'
+                for verb in ("approve", "reject")
+            )
+        who = ", ".join(f"{a['principal']} {a['decision']}: {a['comment']}" for a in decided)
+        rows.append(
+            f'<tr id="step-{step["id"]}"><td>{esc(step["key"])}</td><td>{esc(step["action"])}'
+            f'</td><td class="step-status">{esc(step["status"])}</td>'
+            f'<td class="step-progress">{esc(step["error"] or "")}</td>'
+            f"<td>{esc(who)} ({len(decided)} / {step['approvalsRequired']}){forms}</td></tr>"
+        )
+        params = esc(json.dumps(step["params"], sort_keys=True))
+        plan.append(
+            f"<li>{esc(step['key'])}: {esc(step['action'])} {params} {esc(description)}</li>"
+        )
+    return "".join(rows), "".join(plan)
+
+
+async def run_page(request: web.Request) -> web.Response:
+    principal, via = _viewer(request)
+    run_id = api.int_param(request, "run_id")
+    detail = await request.app[api.API].queries.run_detail(run_id)
+    if detail is None:
+        raise errors.NotFound("run not found")
+    playbook = request.app[runbooks.RUNBOOKS].rules.index.get(detail["playbook"])
+    own_manual = detail["kind"] == "manual" and detail["principal"] == principal.name
+    rows, plan = _step_rows(
+        detail,
+        playbook,
+        can_decide=principal.can(auth.Permission.OPERATE) and not own_manual,
+        csrf=_csrf(request, principal, via),
+    )
+    alert = detail.get("alert")
+    origin = (
+        _alert_cell(alert) if alert else "manual, triggered by " + esc(detail["principal"] or "")
+    )
+    body = f"""
+<div id="run" data-api="/api/v1/runs/{run_id}" data-plan="/api/v1/runs/{run_id}/plan">
+<h1>Run {run_id}: {esc(detail["playbook"])}</h1>
+<p>node <strong id="run-node">{esc(detail["node"] or "-")}</strong> · GPU
+{esc(detail["gpu"] or "-")} · status <span class="status" id="run-status">{esc(detail["status"])}
+</span> · {esc(detail["reason"])}{" · dry run" if detail["dryRun"] else ""}</p>
+<p>alert: {origin}</p>
+<h2>Plan</h2><div id="plan"><ul id="plan-fallback">{plan}</ul></div>
+<h2>Steps</h2>
+<table id="steps"><tr><th>step</th><th>action</th><th>status</th><th>progress</th>
+<th>approvals</th></tr>{rows}</table>
+</div>"""
+    return _page(f"Run {run_id}", body, who=_who(request, principal, via), script=_RUN_JS)
+
+
+# -- form posts ----------------------------------------------------------------------------
+
+
+def _error_page(error: errors.RemediatorError) -> web.Response:
+    status = {
+        errors.NotFound: 404,
+        errors.Conflict: 409,
+        errors.Forbidden: 403,
+        errors.ValidationFailed: 400,
+    }.get(type(error), 500)
+    return _page("Refused", f'<p class="error" id="error">{esc(str(error))}</p>', status=status)
+
+
+async def _decide(request: web.Request, *, approve: bool) -> web.Response:
+    form, principal = await _form(request, auth.Permission.OPERATE)
+    run_id = api.int_param(request, "run_id")
+    comment = str(form.get("comment", "")).strip()
+    if not comment:
+        return _error_page(errors.ValidationFailed("a comment is required"))
+    try:
+        await request.app[api.API].decide(
+            run_id=run_id,
+            step_id=api.int_param(request, "step_id"),
+            principal=principal,
+            approve=approve,
+            comment=comment,
+        )
+    except errors.RemediatorError as e:
+        return _error_page(e)
+    raise web.HTTPSeeOther(f"/runbooks/runs/{run_id}")
+
+
+async def approve(request: web.Request) -> web.Response:
+    return await _decide(request, approve=True)
+
+
+async def reject(request: web.Request) -> web.Response:
+    return await _decide(request, approve=False)
+
+
+async def trigger(request: web.Request) -> web.Response:
+    form, principal = await _form(request, auth.Permission.OPERATE)
+    params: dict[str, Any] = {}
+    name = request.match_info["playbook"]
+    playbook = request.app[runbooks.RUNBOOKS].rules.index.get(name)
+    specs = playbook.parameters if playbook is not None else {}
+    for key, value in form.items():
+        if key.startswith("param.") and isinstance(value, str) and value != "":
+            spec = specs.get(key[6:])
+            params[key[6:]] = _typed(value, spec.type.value if spec else "string")
+    node = str(form.get("node", "")).strip() or None
+    try:
+        result = await runbooks.start_runbook(
+            request, principal, name=name, node=node, params=params
+        )
+    except errors.RemediatorError as e:
+        return _error_page(e)
+    raise web.HTTPSeeOther(f"/runbooks/runs/{result['runId']}")
+
+
+def _typed(value: str, kind: str) -> Any:
+    if kind == "integer" and value.lstrip("-").isdigit():
+        return int(value)
+    if kind == "boolean" and value in ("true", "false"):
+        return value == "true"
+    return value
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/runbooks", index)
+    app.router.add_get("/runbooks/login", login_form)
+    app.router.add_post("/runbooks/login", login)
+    app.router.add_post("/runbooks/logout", logout)
+    app.router.add_get("/runbooks/runs/{run_id}", run_page)
+    app.router.add_post("/runbooks/runs/{run_id}/steps/{step_id}/approve", approve)
+    app.router.add_post("/runbooks/runs/{run_id}/steps/{step_id}/reject", reject)
+    app.router.add_post("/runbooks/{playbook}/trigger", trigger)

@@ -1,0 +1,166 @@
+"""Operators' JSON API: pending approvals, manual runbooks and their triggers.
+
+- ``GET /api/v1/approvals``: steps waiting for approval, each with its run, the decisions so far,
+  the triggering alert (``generatorURL`` and an Alertmanager link) and where to decide;
+- ``GET /api/v1/runbooks``: manual playbooks with their parameters;
+- ``POST /api/v1/runbooks/{playbook}/runs``: start one for a node, parameters validated by the
+  playbook; the run records the principal who triggered it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pydantic
+from aiohttp import web
+
+from remediator.adapters.db import database, queries
+from remediator.adapters.http import auth as http_auth
+from remediator.domain import auth, errors, playbooks
+
+NODE_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+
+
+class TriggerBody(pydantic.BaseModel):
+    """Start a manual runbook."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    node: str | None = pydantic.Field(
+        default=None, pattern=NODE_NAME, description="Node the runbook acts on."
+    )
+    params: dict[str, Any] = pydantic.Field(
+        default_factory=dict, description="Parameters declared by the playbook."
+    )
+    dryRun: bool = pydantic.Field(default=False, description="Plan and record, touch nothing.")
+
+
+class CommentBody(pydantic.BaseModel):
+    """An approval or rejection (the comment is required)."""
+
+    model_config = pydantic.ConfigDict(extra="ignore")
+    comment: str = pydantic.Field(min_length=1, max_length=4000)
+
+    @pydantic.field_validator("comment")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("a comment is required")
+        return value.strip()
+
+
+@dataclasses.dataclass(frozen=True)
+class RunbookDeps:
+    db: database.Database
+    rules: Any
+    trigger: Callable[..., Awaitable[dict[str, Any]]]
+
+
+RUNBOOKS = web.AppKey("runbooks", RunbookDeps)
+
+
+async def read_json(request: web.Request, model: type[pydantic.BaseModel]) -> Any:
+    """A JSON body validated by ``model``. The Content-Type must be JSON: a cross-site form
+    cannot send that, so browser-held credentials cannot be replayed against the API."""
+    if request.content_type != "application/json":
+        raise errors.ValidationFailed(
+            "expected Content-Type application/json",
+            fields=[{"field": "Content-Type", "message": "must be application/json"}],
+        )
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise errors.ValidationFailed("body must be JSON") from None
+    try:
+        return model.model_validate(body)
+    except pydantic.ValidationError as e:
+        fields = [
+            {"field": ".".join(str(p) for p in item["loc"]) or "body", "message": item["msg"]}
+            for item in e.errors(include_url=False, include_input=False)
+        ]
+        raise errors.ValidationFailed("invalid body", fields=fields) from None
+
+
+def manual_playbooks(rules: Any) -> list[playbooks.Playbook]:
+    index: playbooks.PlaybookIndex = rules.index
+    return sorted(
+        (playbook for playbook in index.playbooks.values() if playbook.manual),
+        key=lambda playbook: playbook.name,
+    )
+
+
+def runbook_json(playbook: playbooks.Playbook) -> dict[str, Any]:
+    return {
+        "name": playbook.name,
+        "description": playbook.description,
+        "parameters": {
+            name: spec.model_dump(mode="json") for name, spec in playbook.parameters.items()
+        },
+        "steps": [
+            {
+                "id": step.id,
+                "action": step.action,
+                "description": step.description,
+                "requiresApproval": step.requires_approval,
+                "approvals": step.approvals,
+            }
+            for step in playbook.steps
+        ],
+        "trigger": f"/api/v1/runbooks/{playbook.name}/runs",
+    }
+
+
+async def list_approvals(request: web.Request) -> web.Response:
+    http_auth.require(request, auth.Permission.READ)
+    items = await queries.pending_approvals(request.app[RUNBOOKS].db)
+    return web.json_response({"items": items})
+
+
+async def list_runbooks(request: web.Request) -> web.Response:
+    http_auth.require(request, auth.Permission.READ)
+    books = manual_playbooks(request.app[RUNBOOKS].rules)
+    return web.json_response({"items": [runbook_json(playbook) for playbook in books]})
+
+
+async def trigger_runbook(request: web.Request) -> web.Response:
+    principal = http_auth.require(request, auth.Permission.OPERATE)
+    body: TriggerBody = await read_json(request, TriggerBody)
+    result = await start_runbook(
+        request,
+        principal,
+        name=request.match_info["playbook"],
+        node=body.node,
+        params=body.params,
+        dry_run=body.dryRun,
+    )
+    return web.json_response(result, status=201)
+
+
+async def start_runbook(
+    request: web.Request,
+    principal: auth.Principal,
+    *,
+    name: str,
+    node: str | None,
+    params: dict[str, Any],
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    deps = request.app[RUNBOOKS]
+    playbook = deps.rules.index.get(name)
+    if playbook is None or not playbook.manual:
+        raise errors.NotFound(f"no manual runbook {name!r}")
+    values, problems = playbooks.validate_parameters(playbook.parameters, params)
+    if problems:
+        raise errors.ValidationFailed("invalid parameters", fields=problems)
+    result: dict[str, Any] = await deps.trigger(
+        playbook=playbook, node=node, params=values, principal=principal, dry_run=dry_run
+    )
+    return result
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/api/v1/approvals", list_approvals)
+    app.router.add_get("/api/v1/runbooks", list_runbooks)
+    app.router.add_post("/api/v1/runbooks/{playbook}/runs", trigger_runbook)
