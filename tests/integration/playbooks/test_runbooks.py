@@ -1,0 +1,169 @@
+"""The manual runbooks: fleet-health-sweep, and return-node-to-service waiting for the GPU
+Operator's pods; plus the report's parsing and flagging rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from remediator.actions import health
+from remediator.sim import testing
+from tests.integration.playbooks.conftest import (
+    MakeGpuHarness,
+    cordoned,
+    statuses,
+    step,
+    trigger,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_fleet_health_sweep_reports_every_gpu_and_flags_the_seed_thresholds(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim
+) -> None:
+    sim.gpu("gpu-node-01", 0).temperature = 92
+    sim.gpu("gpu-node-01", 1).temperature = 87
+    sim.gpu("gpu-node-04", 6).ecc_uncorrected_volatile = 1
+    full = sim.gpu("gpu-node-04", 7)
+    full.memory_used = int(full.memory_total * 0.98)
+    sim.gpu("gpu-node-03", 3).lost = True
+    h = await gpu_harness()
+    run_id = await trigger(h, "fleet-health-sweep", {}, None)
+    detail = await h.run_detail(run_id)
+    assert detail["status"] == "succeeded", statuses(detail)
+    report = step(detail, "report")["output"]
+    assert report["node_selector"] == "nvidia.com/gpu.present=true"
+    nodes = {n["node"]: n for n in report["nodes"]}
+    assert sorted(nodes) == ["gpu-node-01", "gpu-node-02", "gpu-node-03", "gpu-node-04"]
+    summary = report["summary"]
+    assert summary["gpus"] == 31  # 32 GPUs, one lost
+    assert summary["lost_gpus"] == 1
+    assert summary["worst"] == "critical"
+
+    def gpu(node: str, index: int) -> dict[str, Any]:
+        return next(g for g in nodes[node]["gpus"] if g["index"] == index)
+
+    assert gpu("gpu-node-01", 0)["severity"] == "critical"
+    assert gpu("gpu-node-01", 1)["flags"] == ["warning: temperature 87C > 85C"]
+    assert gpu("gpu-node-04", 6)["flags"] == ["critical: 1 uncorrectable ECC errors"]
+    assert "warning: memory 98% > 95%" in gpu("gpu-node-04", 7)["flags"]
+    assert gpu("gpu-node-02", 2)["flags"] == ["warning: utilization 12% < 30% (held)"]
+    assert gpu("gpu-node-03", 0)["severity"] == "ok"
+    assert gpu("gpu-node-01", 0)["temperature_c"] == 92
+    assert gpu("gpu-node-01", 0)["power_limit_w"] == 700
+    assert nodes["gpu-node-03"]["severity"] == "critical"
+    assert nodes["gpu-node-03"]["lost"] == ["0000:48:00.0"]
+    assert any("gpu-node-03: GPU 0000:48:00.0 is lost" in f for f in summary["findings"])
+    assert statuses(detail)["notify"] == "succeeded"
+
+
+async def test_fleet_health_sweep_reports_a_node_it_cannot_read(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim
+) -> None:
+    def not_running(pod: dict[str, Any]) -> None:
+        pod["status"]["phase"] = "Pending"
+
+    sim.cluster.settings.pod_startup_seconds = 10**6  # the kubelet does not start it meanwhile
+    driver = sim.driver_pod("gpu-node-04")["metadata"]["name"]
+    sim.store.mutate("pods", "gpu-operator", driver, not_running)
+    h = await gpu_harness()
+    run_id = await trigger(
+        h, "fleet-health-sweep", {"node_selector": "kubernetes.io/hostname"}, None
+    )
+    detail = await h.run_detail(run_id)
+    report = step(detail, "report")["output"]
+    assert report["node_selector"] == "kubernetes.io/hostname"
+    nodes = {n["node"]: n for n in report["nodes"]}
+    assert "cpu-node-01" not in nodes  # never outside the GPU node selector
+    assert "no running GPU driver pod" in nodes["gpu-node-04"]["error"]
+    assert report["summary"]["unreachable_nodes"] == ["gpu-node-04"]
+
+
+async def test_return_to_service_waits_for_the_gpu_operator_pods_to_run(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, clock: Any
+) -> None:
+    node = "gpu-node-04"
+
+    def cordon(obj: dict[str, Any]) -> None:
+        obj["spec"]["unschedulable"] = True
+
+    def phase(value: str) -> Any:
+        def set_phase(pod: dict[str, Any]) -> None:
+            pod["status"]["phase"] = value
+
+        return set_phase
+
+    sim.store.mutate("nodes", "", node, cordon)  # cordoned by a human, not by remediator
+    sim.cluster.settings.pod_startup_seconds = 10**6  # the kubelet does not start it meanwhile
+    exporter = next(
+        p["metadata"]["name"]
+        for p in sim.pods(node=node, namespace="gpu-operator")
+        if p["metadata"]["labels"].get("app") == "nvidia-dcgm-exporter"
+    )
+    sim.store.mutate("pods", "gpu-operator", exporter, phase("Pending"))
+    h = await gpu_harness()
+    run_id = await trigger(h, "return-node-to-service", {"node": node}, node)
+    detail = await h.run_detail(run_id)
+    waiting = step(detail, "operator-pods")
+    assert waiting["status"] == "pending", statuses(detail)
+    assert f"gpu-operator/{exporter} (Pending)" in waiting["error"]
+    assert not cordoned(sim, node)  # a human's cordon: only_if_cordoned_by_us is false
+
+    sim.store.mutate("pods", "gpu-operator", exporter, phase("Running"))  # it started
+    clock.advance(60)
+    await h.settle()
+    detail = await h.run_detail(run_id)
+    assert detail["status"] == "succeeded", statuses(detail)
+    assert step(detail, "operator-pods")["attempt"] == 2
+
+
+def test_health_rows_are_parsed_by_position_and_unreadable_counters_are_not_zero() -> None:
+    text = (
+        "0, GPU-a, 00000000:18:00.0, NVIDIA H100 80GB HBM3, 41, 97, 71230, 81559, 0, 0, 3, "
+        "612.40, 700.00, 700.00\n"
+        "1, GPU-b, 00000000:28:00.0, NVIDIA H100 80GB HBM3, 40, 5, 10, 81559, [N/A], [N/A], "
+        "[N/A], 98.00, 700.00, 700.00\n"
+        "Unable to determine the device handle for GPU0000:48:00.0: GPU is lost.  Reboot the "
+        "system to recover this GPU\n"
+    )
+    gpus, lost = health.parse_health(text)
+    assert [g.uuid for g in gpus] == ["GPU-a", "GPU-b"]
+    assert gpus[0].ecc_uncorrected_volatile == 0
+    assert gpus[1].ecc_uncorrected_volatile is None
+    assert lost == ["0000:48:00.0"]
+    problems = health.verify_problems(gpus, lost, health.VerifyParams(), expected=8)
+    assert problems == {
+        "0000:48:00.0": "GPU is lost (fallen off the bus)",
+        "GPU-b": "ECC counters not reported (volatile)",
+        "(node)": "2 of 8 GPUs answer nvidia-smi",
+    }
+    relaxed = health.VerifyParams(require_ecc=False)
+    assert health.verify_problems(gpus, [], relaxed, expected=None) == {}
+
+
+def test_an_idle_gpu_nobody_holds_is_not_flagged_as_waste() -> None:
+    idle = health.GpuHealth(
+        index=0,
+        uuid="GPU-a",
+        pci_bus_id="00000000:18:00.0",
+        name="H100",
+        temperature=35,
+        utilization=0,
+        memory_used=0,
+        memory_total=81559,
+        ecc_uncorrected_volatile=0,
+        ecc_uncorrected_aggregate=0,
+        ecc_corrected_volatile=0,
+        power_draw=70,
+        power_limit=700,
+        power_default_limit=700,
+    )
+    assert health.gpu_flags(idle, health.Thresholds()) == []
+
+
+def test_new_action_params_forbid_unknown_fields() -> None:
+    for action in health.ACTIONS:
+        assert action.params_model.model_config.get("extra") == "forbid", action.name
+        assert action.description
