@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from remediator import actions as builtin_actions
-from remediator.adapters import files, kubernetes, leader, metrics, notify
+from remediator.adapters import alertmanager, files, kubernetes, leader, metrics, notify
 from remediator.adapters.db import audit as db_audit
 from remediator.adapters.db import database, intake, migrate, queries, retention, store
 from remediator.adapters.http import api, auth, health, openapi, pages, runbooks
@@ -102,6 +102,11 @@ class Components:
             clock=clock,
             observer=self.metrics,
             extra={"artifact_dir": settings.artifact_dir},
+            silencer=(
+                alertmanager.AlertmanagerSilencer(str(settings.alertmanager_url))
+                if settings.alertmanager_url
+                else None
+            ),
         )
         self.services = services
         self.engine = worker.Engine(
@@ -377,6 +382,8 @@ def _lifecycle(*, run_engine: bool) -> Callable[[web.Application], AsyncIterator
             await components.cluster.close()
         if isinstance(components.notifier, notify.WebhookNotifier):
             await components.notifier.close()
+        if isinstance(components.services.silencer, alertmanager.AlertmanagerSilencer):
+            await components.services.silencer.close()
         await components.db.dispose()
 
     return lifecycle_ctx

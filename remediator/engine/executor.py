@@ -24,7 +24,7 @@ import pydantic
 
 from remediator.domain import alerts, errors, records, retry, runs
 from remediator.engine import lifecycle
-from remediator.ports import actions, cluster, notify, observe, store
+from remediator.ports import actions, cluster, notify, observe, silences, store
 
 logger = logging.getLogger("remediator.engine")
 
@@ -40,6 +40,7 @@ class Services:
     clock: Callable[[], dt.datetime]
     observer: observe.Observer
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    silencer: silences.Silencer | None = None
 
 
 @dataclasses.dataclass

@@ -17,13 +17,14 @@ import contextlib
 import dataclasses
 import datetime as dt
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import Protocol
 
 from remediator.domain import errors, playbooks, records, runs
 from remediator.domain import guards as guards_mod
-from remediator.engine import executor, guarding, lifecycle
+from remediator.engine import executor, guarding, lifecycle, silencing
 from remediator.ports import store
 
 logger = logging.getLogger("remediator.engine")
@@ -67,11 +68,14 @@ class Engine:
         self._wake = asyncio.Event()
         self._in_flight: dict[int, asyncio.Task[None]] = {}
         self._gpu_nodes: tuple[dt.datetime, int] | None = None
+        self._silence_check = 0.0
+        self._woken = False
         self._stopping = False
         # Sweeping expired leases is a singleton loop: the app points this at leadership.
         self.is_leader: Callable[[], bool] = lambda: True
 
     def wake(self) -> None:
+        self._woken = True
         self._wake.set()
 
     async def run_forever(self) -> None:
@@ -106,6 +110,7 @@ class Engine:
             busy |= await self.advance_runs()
         if work.due:
             busy |= await self.claim_steps()
+        await self._expire_silences()
         return busy
 
     async def handle_episodes(self) -> bool:
@@ -179,12 +184,33 @@ class Engine:
         claimed, now, tripped = await self.services.store.run("claim", work)
         for reason in tripped:
             await self._announce_breaker(reason)
+        await self._silence(claimed)
         for step in claimed:
             if step.due_at is not None:
                 self.services.observer.claim_lag((now - step.due_at).total_seconds())
             task = asyncio.create_task(self._run_step(step), name=f"step-{step.id}")
             self._in_flight[step.id] = task
         return bool(claimed)
+
+    async def _silence(self, claimed: list[records.Step]) -> None:
+        silencer = self.services.silencer
+        if silencer is None:
+            return
+        disruptive = self.disruptive_actions
+        for run_id in {s.run_id for s in claimed if s.action in disruptive}:
+            await silencing.start(silencer, self.services.store, self.rules.index, run_id)
+
+    async def _expire_silences(self) -> None:
+        """After a wake-up (a run may have ended) or every few seconds, not on every pass."""
+        silencer = self.services.silencer
+        if silencer is None:
+            return
+        now = time.monotonic()
+        if not self._woken and now < self._silence_check:
+            return
+        self._woken = False
+        self._silence_check = now + 5.0
+        await silencing.finish_ended(silencer, self.services.store)
 
     @property
     def disruptive_actions(self) -> frozenset[str]:

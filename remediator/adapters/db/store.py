@@ -589,6 +589,13 @@ class SqlTx:
             )
         )
 
+    def guard_states(self, prefix: str) -> dict[str, dict[str, Any]]:
+        rows = self.conn.execute(sa.select(G.c.key, G.c.value).where(G.c.key.startswith(prefix)))
+        return {row.key: dict(row.value) for row in rows}
+
+    def delete_guard_state(self, key: str) -> None:
+        self.conn.execute(sa.delete(G).where(G.c.key == key))
+
     def record_disruption(self, *, run_id: int, node: str) -> None:
         self.conn.execute(
             self._insert(D)
