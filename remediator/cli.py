@@ -144,6 +144,19 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _docs(args: argparse.Namespace) -> int:
+    from remediator.app import docs
+
+    if args.check:
+        stale = docs.stale(args.out)
+        for name in stale:
+            print(f"{args.out / name} is stale: run `remediator docs`", file=sys.stderr)
+        return 1 if stale else 0
+    for name in docs.write(args.out):
+        print(f"wrote {args.out / name}")
+    return 0
+
+
 def _sim(args: argparse.Namespace) -> int:
     from remediator.sim import cli as sim_cli
 
@@ -181,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     schema = commands.add_parser("schema", help="print the playbook JSON Schema")
     schema.set_defaults(func=_schema)
+
+    docs = commands.add_parser(
+        "docs", help="write the generated reference docs (configuration, actions, schema)"
+    )
+    docs.add_argument("--out", type=pathlib.Path, default=pathlib.Path("docs"))
+    docs.add_argument("--check", action="store_true", help="fail if the files are stale")
+    docs.set_defaults(func=_docs)
 
     sim = commands.add_parser("sim", help="run the simulated GPU cluster (Kubernetes API)")
     try:

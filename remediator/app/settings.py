@@ -71,7 +71,9 @@ class Settings(pydantic_settings.BaseSettings):
     lease_seconds: float = pydantic.Field(
         default=30.0, gt=0, description="Lease on a running step; renewed every third of it."
     )
-    max_concurrent_steps: int = pydantic.Field(default=16, ge=1, le=1000)
+    max_concurrent_steps: int = pydantic.Field(
+        default=16, ge=1, le=1000, description="Steps this replica runs at the same time."
+    )
     shutdown_grace: float = pydantic.Field(
         default=20.0, ge=0, description="Seconds in-flight steps get to finish on SIGTERM."
     )
@@ -108,8 +110,14 @@ class Settings(pydantic_settings.BaseSettings):
     artifact_dir: pathlib.Path = pydantic.Field(
         default=pathlib.Path("artifacts"), description="Where bug reports and other artifacts go."
     )
-    log_level: str = pydantic.Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
-    log_format: Literal["json", "text"] = "json"
+    log_level: str = pydantic.Field(
+        default="INFO",
+        pattern=r"^(DEBUG|INFO|WARNING|ERROR)$",
+        description="DEBUG, INFO, WARNING or ERROR.",
+    )
+    log_format: Literal["json", "text"] = pydantic.Field(
+        default="json", description="One JSON object per log line, or plain text."
+    )
     worker_id: str | None = pydantic.Field(
         default=None, description="Name of this replica in leases and the audit trail."
     )
@@ -152,7 +160,7 @@ class Settings(pydantic_settings.BaseSettings):
         description="Who runs the singleton loops (lease sweeper, approval expiry, retention): "
         "`kubernetes` a coordination.k8s.io Lease, `database` a row in leader_leases, `off` "
         "every replica (one replica only). `auto`: kubernetes when `kubernetes` is set and "
-        "running in a cluster, else database.",
+        "running in a cluster, else database on Postgres and off on SQLite (one replica).",
     )
     leader_lease_seconds: float = pydantic.Field(
         default=15.0,
