@@ -76,7 +76,10 @@ class Sessions:
             data = json.loads(payload)
         except (binascii.Error, ValueError):
             return None
-        if not hmac.compare_digest(self._sign(payload), signature) or not isinstance(data, dict):
+        valid = hmac.compare_digest(
+            self._sign(payload).encode(), signature.encode("utf-8", "replace")
+        )
+        if not valid or not isinstance(data, dict):
             return None
         if not isinstance(data.get("e"), int) or data["e"] < time.time():
             return None
@@ -92,7 +95,8 @@ class Sessions:
     def check_csrf(
         self, request: web.Request, principal: auth.Principal, via: str, token: str
     ) -> bool:
-        return hmac.compare_digest(self.csrf_token(request, principal, via), token)
+        expected = self.csrf_token(request, principal, via).encode()
+        return hmac.compare_digest(expected, token.encode("utf-8", "replace"))
 
     def cookie_secure(self, request: web.Request) -> bool:
         return request.secure if self.secure is None else self.secure

@@ -1,0 +1,116 @@
+"""The operator CLI's side: a small client of the server's API (token auth), and audit chain
+verification of an export file (offline) or of a database."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Iterator
+from typing import IO, Any
+
+import httpx
+
+from remediator.adapters.db import audit as db_audit
+from remediator.adapters.db import database
+from remediator.domain import audit
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body}")
+        self.status = status
+        self.body = body
+
+
+class Client:
+    def __init__(self, server: str, token: str | None, *, timeout: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _check(self, response: httpx.Response) -> Any:
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, response.text)
+        return response.json()
+
+    def get(self, path: str, **params: Any) -> Any:
+        clean = {key: value for key, value in params.items() if value is not None}
+        return self._check(self.http.get(path, params=clean))
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        return self._check(self.http.post(path, json=body))
+
+    def runs(self, **filters: Any) -> Any:
+        return self.get("/api/v1/runs", **filters)
+
+    def run(self, run_id: int) -> Any:
+        return self.get(f"/api/v1/runs/{run_id}")
+
+    def decide(self, run_id: int, step_id: int, *, approve: bool, comment: str) -> Any:
+        verb = "approve" if approve else "reject"
+        return self.post(f"/api/v1/runs/{run_id}/steps/{step_id}/{verb}", {"comment": comment})
+
+    def trigger(self, playbook: str, *, node: str | None, params: dict[str, Any]) -> Any:
+        return self.post(f"/api/v1/runbooks/{playbook}/runs", {"node": node, "params": params})
+
+    def breaker(self) -> Any:
+        return self.get("/api/v1/breaker")
+
+    def reset_breaker(self, comment: str) -> Any:
+        return self.post("/api/v1/breaker/reset", {"comment": comment})
+
+    def verify(self) -> Any:
+        return self.get("/api/v1/audit/verify")
+
+    def export(self, out: IO[bytes], *, fmt: str, **filters: Any) -> int:
+        """Stream an export into ``out``; returns the bytes written."""
+        params = {"format": fmt} | {k: v for k, v in filters.items() if v is not None}
+        written = 0
+        with self.http.stream("GET", "/api/v1/audit/export", params=params) as response:
+            if response.status_code >= 400:
+                raise ApiError(response.status_code, response.read().decode(errors="replace"))
+            for chunk in response.iter_bytes():
+                out.write(chunk)
+                written += len(chunk)
+        return written
+
+
+def _events(path: pathlib.Path) -> Iterator[dict[str, Any]]:
+    with path.open(encoding="utf-8") as stream:
+        for line in stream:
+            if line.strip():
+                event: dict[str, Any] = json.loads(line)
+                yield event
+
+
+def verify_export(path: pathlib.Path) -> audit.VerifyResult:
+    """Verify a JSON Lines export offline: each event's hash covers its content and its
+    ``prev_hash``; consecutive events link; event 1 links to the genesis hash. A filtered
+    export is checked event by event and across every run of consecutive ids."""
+    previous: dict[str, Any] | None = None
+    checked = 0
+    for event in _events(path):
+        if event["id"] == 1 and event["prev_hash"] != audit.GENESIS:
+            return audit.VerifyResult(False, checked, 1, "first event does not start the chain")
+        if previous is not None:
+            if event["id"] <= previous["id"]:
+                return audit.VerifyResult(False, checked, event["id"], "events out of order")
+            if event["id"] == previous["id"] + 1 and event["prev_hash"] != previous["hash"]:
+                return audit.VerifyResult(False, checked, event["id"], "prev_hash does not link")
+        if audit.chain_hash(event["prev_hash"], event) != event["hash"]:
+            return audit.VerifyResult(
+                False, checked, event["id"], "content does not match its hash"
+            )
+        previous = event
+        checked += 1
+    return audit.VerifyResult(True, checked)
+
+
+async def verify_database(url: str) -> db_audit.ChainReport:
+    db = database.Database(url)
+    try:
+        return await db_audit.AuditQueries(db).verify()
+    finally:
+        await db.dispose()

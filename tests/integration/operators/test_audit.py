@@ -1,0 +1,177 @@
+"""Auditors: filtered history, cursor pages, streamed exports, tamper evidence, raw deliveries
+and artifacts."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from remediator.adapters.db import tables
+from remediator.app import client as client_mod
+from tests.integration.operators.conftest import GATED, alert_body, waiting_step
+
+TWO_NODES = """
+name: recorder
+match: {alertname: [GPUXidError79, GPUECCUncorrectableError]}
+steps:
+  - {id: note, action: test.record, params: {label: "{{ target.node }}"}}
+"""
+
+
+async def _history(h):
+    await h.post(alert_body(node="gpu-node-01"))
+    await h.post(alert_body(node="gpu-node-02", alertname="GPUECCUncorrectableError"))
+    await h.settle()
+
+
+async def _get(h, path, **params):
+    response = await h.client.get(path, params=params)
+    assert response.status == 200, await response.text()
+    return await response.json()
+
+
+async def test_events_and_runs_filter_by_node_alert_playbook_action_outcome_principal(
+    make_harness,
+):
+    h = await make_harness(TWO_NODES)
+    await _history(h)
+    runs = (await _get(h, "/api/v1/audit/runs", node="gpu-node-02"))["items"]
+    assert [r["node"] for r in runs] == ["gpu-node-02"]
+    by_alert = (await _get(h, "/api/v1/audit/runs", alertname="GPUXidError79"))["items"]
+    assert [r["node"] for r in by_alert] == ["gpu-node-01"]
+    gpu = "GPU-5fa3c0de-0000-4000-8000-000000000001"
+    assert len((await _get(h, "/api/v1/audit/runs", gpu=gpu))["items"]) == 2
+    assert len((await _get(h, "/api/v1/audit/runs", outcome="succeeded"))["items"]) == 2
+    assert (await _get(h, "/api/v1/audit/runs", playbook="nope"))["items"] == []
+    events = (await _get(h, "/api/v1/audit/events", node="gpu-node-01"))["items"]
+    assert events
+    assert all(e["run_id"] == by_alert[0]["id"] for e in events)
+    steps = (await _get(h, "/api/v1/audit/events", action="test.record"))["items"]
+    assert steps
+    assert all(e["step_id"] is not None for e in steps)
+    engine = await _get(h, "/api/v1/audit/events", principal="engine", outcome="succeeded")
+    assert {e["to_status"] for e in engine["items"]} == {"succeeded"}
+    fingerprint = by_alert[0]["id"]
+    assert fingerprint
+    later = (await _get(h, "/api/v1/audit/events", since="2100-01-01T00:00:00Z"))["items"]
+    assert later == []
+    bad = await h.client.get("/api/v1/audit/events", params={"since": "yesterday"})
+    assert bad.status == 400
+    unknown = await h.client.get("/api/v1/audit/events", params={"colour": "red"})
+    assert unknown.status == 400
+
+
+async def test_cursor_pages_cover_every_event_once(make_harness):
+    h = await make_harness(TWO_NODES)
+    await _history(h)
+    seen, cursor = [], None
+    while True:
+        params = {"limit": "3"} | ({"cursor": cursor} if cursor else {})
+        page = await _get(h, "/api/v1/audit/events", **params)
+        seen += [e["id"] for e in page["items"]]
+        cursor = page["nextCursor"]
+        if cursor is None:
+            break
+    everything = (await _get(h, "/api/v1/audit/events", limit="500"))["items"]
+    assert seen == [e["id"] for e in everything]
+    assert len(seen) == len(set(seen)) > 6
+
+
+async def test_exports_stream_every_event_with_hashes_and_verify_offline(make_harness, tmp_path):
+    h = await make_harness(TWO_NODES)
+    await _history(h)
+    response = await h.client.get("/api/v1/audit/export")
+    assert response.status == 200
+    assert response.headers["Content-Type"].startswith("application/x-ndjson")
+    text = await response.text()
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert lines[0]["prev_hash"] == "0" * 64
+    assert all("hash" in e for e in lines)
+    path = tmp_path / "export.jsonl"
+    path.write_text(text)
+    assert client_mod.verify_export(path).ok
+    lines[2]["reason"] = "edited"
+    path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    report = client_mod.verify_export(path)
+    assert not report.ok
+    assert report.first_broken_id == lines[2]["id"]
+    as_csv = await h.client.get("/api/v1/audit/export", params={"format": "csv"})
+    rows = list(csv.DictReader(io.StringIO(await as_csv.text())))
+    assert [int(r["id"]) for r in rows] == [e["id"] for e in lines]
+    assert rows[-1]["hash"] == lines[-1]["hash"]
+
+
+async def _tamper(h, statement):
+    async with h.components.db.write("tamper") as conn:
+        await conn.execute(statement)
+
+
+A = tables.audit_events
+
+
+@pytest.mark.parametrize("how", ["content", "swap", "delete_middle", "delete_last"])
+async def test_tampering_with_one_audit_row_is_detected(make_harness, how):
+    h = await make_harness(TWO_NODES)
+    await _history(h)
+    assert (await _get(h, "/api/v1/audit/verify"))["ok"] is True
+    if how == "content":
+        await _tamper(h, sa.update(A).where(A.c.id == 4).values(actor="mallory"))
+    elif how == "swap":
+        await _tamper(h, sa.update(A).where(A.c.id == 4).values(id=-4))
+        await _tamper(h, sa.update(A).where(A.c.id == 5).values(id=4))
+        await _tamper(h, sa.update(A).where(A.c.id == -4).values(id=5))
+    elif how == "delete_middle":
+        await _tamper(h, sa.delete(A).where(A.c.id == 4))
+    else:
+        last = (await _get(h, "/api/v1/audit/events", limit="1"))["items"][0]["id"]
+        await _tamper(h, sa.delete(A).where(A.c.id == last))
+    report = await _get(h, "/api/v1/audit/verify")
+    assert report["ok"] is False
+    expected = {"content": 4, "swap": 4, "delete_middle": 5}.get(how)
+    if expected is not None:
+        assert report["firstBrokenId"] == expected
+    offline = await client_mod.verify_database(h.components.settings.database_url)
+    assert not offline.ok
+
+
+async def test_a_run_links_its_deliveries_and_artifacts(make_harness, tmp_path):
+    artifacts = tmp_path / "artifacts"
+    (artifacts / "gpu-node-03").mkdir(parents=True)
+    report = artifacts / "gpu-node-03" / "1-2-nvidia-bug-report.log.gz"
+    report.write_bytes(b"bug report")
+    (tmp_path / "secret.txt").write_text("not for you")
+    h = await make_harness(GATED, artifact_dir=artifacts)
+    await h.post(alert_body())
+    await h.settle()
+    run_id, _ = await waiting_step(h)
+    found = await _get(h, f"/api/v1/runs/{run_id}")
+    [delivery] = found["links"]["deliveries"]
+    raw = await _get(h, delivery)
+    assert json.loads(raw["body"]) == json.loads(alert_body())
+    download = await h.client.get("/api/v1/artifacts/gpu-node-03/1-2-nvidia-bug-report.log.gz")
+    assert download.status == 200
+    assert (
+        hashlib.sha256(await download.read()).hexdigest()
+        == hashlib.sha256(b"bug report").hexdigest()
+    )
+    for path in ("../secret.txt", "%2e%2e/secret.txt", "gpu-node-03/../../secret.txt"):
+        refused = await h.client.get(f"/api/v1/artifacts/{path}")
+        assert refused.status == 404, path
+    assert (await h.client.get("/api/v1/deliveries/999")).status == 404
+
+
+async def test_pending_approvals_show_the_alert_with_its_links(make_harness):
+    h = await make_harness(GATED)
+    await h.post(alert_body())
+    await h.settle()
+    [item] = (await _get(h, "/api/v1/approvals"))["items"]
+    assert item["step"]["key"] == "drain"
+    assert item["alert"]["generatorURL"].startswith("http://prometheus.example:9090/graph")
+    link = item["alert"]["alertmanagerURL"]
+    assert link.startswith("http://alertmanager.example:9093/#/alerts?")
+    assert "alertname%3D%22GPUXidError79%22" in link
