@@ -1,4 +1,5 @@
-"""``remediator``: serve, migrate, lint, schema, sim."""
+"""``remediator``: serve, migrate, lint, schema, sim, and the operator commands (runs,
+runbook, breaker, audit) that talk to a server's API with a token."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import pathlib
 import sys
 from typing import Any
@@ -163,6 +165,182 @@ def _sim(args: argparse.Namespace) -> int:
     return sim_cli.run(args)
 
 
+def _client(args: argparse.Namespace) -> Any:
+    from remediator.app import client
+
+    if not args.server:
+        raise SystemExit("--server (or REMEDIATOR_SERVER) is required")
+    return client.Client(args.server, args.token)
+
+
+def _print(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))
+
+
+def _api_call(args: argparse.Namespace) -> int:
+    from remediator.app import client as client_mod
+
+    api = _client(args)
+    try:
+        _print(args.call(api, args))
+    except client_mod.ApiError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    finally:
+        api.close()
+    return 0
+
+
+def _params(pairs: list[str] | None) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--param takes KEY=VALUE, got {pair!r}")
+        try:
+            values[key] = json.loads(raw)
+        except ValueError:
+            values[key] = raw
+    return values
+
+
+def _audit_export(args: argparse.Namespace) -> int:
+    api = _client(args)
+    filters = {name: getattr(args, name) for name in _AUDIT_FILTERS}
+    try:
+        if args.output:
+            with open(args.output, "wb") as out:
+                api.export(out, fmt=args.format, **filters)
+        else:
+            api.export(sys.stdout.buffer, fmt=args.format, **filters)
+    finally:
+        api.close()
+    return 0
+
+
+def _audit_verify(args: argparse.Namespace) -> int:
+    from remediator.app import client
+
+    if args.file:
+        result = client.verify_export(pathlib.Path(args.file))
+        report = {
+            "ok": result.ok,
+            "checked": result.checked,
+            "firstBrokenId": result.first_broken_id,
+            "reason": result.reason,
+        }
+    elif args.database_url or not args.server:
+        settings = _settings(args, ("database_url",))
+        report = asyncio.run(client.verify_database(settings.database_url)).json()
+    else:
+        api = client.Client(args.server, args.token)
+        try:
+            report = api.verify()
+        except client.ApiError as e:
+            print(str(e), file=sys.stderr)
+            return 1
+        finally:
+            api.close()
+    _print(report)
+    return 0 if report["ok"] else 1
+
+
+_AUDIT_FILTERS = (
+    "since",
+    "until",
+    "node",
+    "gpu",
+    "alertname",
+    "fingerprint",
+    "playbook",
+    "action",
+    "outcome",
+    "principal",
+    "kind",
+    "run",
+)
+
+
+def _server_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", default=os.environ.get("REMEDIATOR_SERVER"))
+    parser.add_argument("--token", default=os.environ.get("REMEDIATOR_TOKEN"))
+
+
+def _add_operator_commands(commands: Any) -> None:
+    def api_command(parent: Any, name: str, call: Any, help: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = parent.add_parser(name, help=help)
+        _server_options(parser)
+        parser.set_defaults(func=_api_call, call=call)
+        return parser
+
+    runs = commands.add_parser("runs", help="list, show, approve and reject runs").add_subparsers(
+        dest="runs_command", required=True
+    )
+    listing = api_command(
+        runs,
+        "list",
+        lambda api, a: api.runs(status=a.status, playbook=a.playbook, node=a.node, limit=a.limit),
+        "list runs",
+    )
+    for option in ("--status", "--playbook", "--node"):
+        listing.add_argument(option)
+    listing.add_argument("--limit", type=int, default=50)
+    show = api_command(runs, "show", lambda api, a: api.run(a.run), "one run in full")
+    show.add_argument("run", type=int)
+    for verb in ("approve", "reject"):
+        decide = api_command(
+            runs,
+            verb,
+            lambda api, a, v=verb: api.decide(
+                a.run, a.step, approve=v == "approve", comment=a.comment
+            ),
+            f"{verb} a waiting step",
+        )
+        decide.add_argument("run", type=int)
+        decide.add_argument("step", type=int)
+        decide.add_argument("--comment", required=True)
+
+    runbook = commands.add_parser("runbook", help="manual runbooks").add_subparsers(
+        dest="runbook_command", required=True
+    )
+    trigger = api_command(
+        runbook,
+        "trigger",
+        lambda api, a: api.trigger(a.playbook, node=a.node, params=_params(a.param)),
+        "start a manual runbook",
+    )
+    trigger.add_argument("playbook")
+    trigger.add_argument("--node")
+    trigger.add_argument("--param", action="append", help="KEY=VALUE (JSON values allowed)")
+
+    breaker = commands.add_parser("breaker", help="the circuit breaker").add_subparsers(
+        dest="breaker_command", required=True
+    )
+    api_command(breaker, "status", lambda api, a: api.breaker(), "breaker state")
+    reset = api_command(
+        breaker, "reset", lambda api, a: api.reset_breaker(a.comment), "close the breaker"
+    )
+    reset.add_argument("--comment", required=True)
+
+    audit = commands.add_parser("audit", help="export and verify the audit log").add_subparsers(
+        dest="audit_command", required=True
+    )
+    export = audit.add_parser("export", help="stream audit events (JSON Lines or CSV)")
+    _server_options(export)
+    export.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
+    export.add_argument("--output", help="file to write (default: standard output)")
+    for name in _AUDIT_FILTERS:
+        export.add_argument("--" + name)
+    export.set_defaults(func=_audit_export)
+    verify = audit.add_parser(
+        "verify", help="verify the hash chain: --file EXPORT offline, the database, or --server"
+    )
+    _server_options(verify)
+    verify.add_argument("--file", help="a JSON Lines export to verify offline")
+    _add_settings_options(verify, ("database_url",))
+    verify.set_defaults(func=_audit_verify)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="remediator", description="Alert remediation for Kubernetes GPU clusters."
@@ -210,6 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # pragma: no cover - the simulator ships with the package
         pass
     sim.set_defaults(func=_sim)
+    _add_operator_commands(commands)
     return parser
 
 
