@@ -40,6 +40,7 @@ def server(tmp_path):
     db = tmp_path / "db.sqlite"
     env = {
         "REMEDIATOR_PLUGINS": '["tests.support.recording"]',
+        "REMEDIATOR_TEST_RECORD": str(tmp_path / "records.jsonl"),
         "REMEDIATOR_DATABASE_URL": f"sqlite+aiosqlite:///{db}",
         "REMEDIATOR_RULES": str(write_playbooks(tmp_path / "rules", GATED, MANUAL)),
         "REMEDIATOR_TOKENS": str(write_tokens(tmp_path)),

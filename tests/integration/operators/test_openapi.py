@@ -34,6 +34,7 @@ def live_server(tmp_path):
     """A real ``remediator serve`` on 127.0.0.1 (SQLite, no tokens: the loopback admin)."""
     env = {
         "REMEDIATOR_PLUGINS": '["tests.support.recording"]',
+        "REMEDIATOR_TEST_RECORD": str(tmp_path / "records.jsonl"),
         "REMEDIATOR_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}",
         "REMEDIATOR_RULES": str(write_playbooks(tmp_path / "rules", GATED, MANUAL)),
         "REMEDIATOR_ARTIFACT_DIR": str(tmp_path / "artifacts"),
