@@ -39,34 +39,54 @@ class CordonAction(actions.Action[NodeParams]):
 
     async def check(self, ctx: actions.ActionContext, params: NodeParams) -> actions.Check:
         node = await _node(ctx, params)
-        output = {"node": node.name, "cordoned_by": node.annotations.get(CORDONED_BY)}
+        holder = node.annotations.get(CORDONED_BY)
+        output = {
+            "node": node.name,
+            "cordoned_by": holder,
+            # Ours only if this run's earlier attempt did it (found again after a crash).
+            "ours": holder if node.unschedulable and holder == clusterops.run_marker(ctx) else None,
+        }
         return actions.Check(in_place=node.unschedulable, output=output)
 
     async def apply(self, ctx: actions.ActionContext, params: NodeParams) -> dict[str, Any]:
         node = await _node(ctx, params)
-        return {"node": node.name, **await clusterops.cordon(ctx, ctx.require_cluster(), node)}
+        done = await clusterops.cordon(ctx, ctx.require_cluster(), node)
+        ours = done["cordoned_by"] if done["cordoned"] else None
+        return {"node": node.name, **done, "ours": ours}
+
+    @staticmethod
+    def _ours(ctx: actions.ActionContext) -> str | None:
+        """The marker the cordoning run left (the undo runs in a run of its own)."""
+        ours = ctx.applied_output.get("ours")
+        return str(ours) if ours else None
+
+    @staticmethod
+    def _left_alone(node: port.NodeInfo, ours: str | None) -> str | None:
+        """Why the undo must not touch the node, or ``None`` if it is still ours to undo."""
+        holder = node.annotations.get(CORDONED_BY)
+        if ours is None:
+            return "the node was not cordoned by the run being undone"
+        if holder == ours:
+            return None
+        if not node.unschedulable:
+            return "uncordoned by someone else"
+        return f"cordoned by {holder}" if holder else "cordon state changed by someone else"
 
     async def check_undo(self, ctx: actions.ActionContext, params: NodeParams) -> actions.Check:
         node = await _node(ctx, params)
-        marker = clusterops.run_marker(ctx)
-        if ctx.applied_output.get("cordoned_by") != marker:
-            reason = "the node was not cordoned by this run"
-            return actions.Check(in_place=True, output={"node": node.name, "left_alone": reason})
-        if not node.unschedulable and node.annotations.get(CORDONED_BY) != marker:
-            reason = "uncordoned by someone else"
+        reason = self._left_alone(node, self._ours(ctx))
+        if reason is not None:
             return actions.Check(in_place=True, output={"node": node.name, "left_alone": reason})
         return actions.Check(in_place=False)
 
     async def undo(self, ctx: actions.ActionContext, params: NodeParams) -> dict[str, Any]:
         cluster = ctx.require_cluster()
         node = await _node(ctx, params)
-        marker = clusterops.run_marker(ctx)
-        holder = node.annotations.get(CORDONED_BY)
-        if holder != marker:
-            who = f"cordoned by {holder}" if holder else "cordon state changed by someone else"
-            return {"node": node.name, "left_alone": who}
+        reason = self._left_alone(node, self._ours(ctx))
+        if reason is not None:
+            return {"node": node.name, "left_alone": reason}
         output: dict[str, Any] = {"node": node.name}
-        if not node.unschedulable:
+        if not node.unschedulable:  # uncordoned by hand; only our annotation is left to clear
             output["left_alone"] = "uncordoned by someone else"
         await _uncordon(ctx, cluster, node, output)
         return output

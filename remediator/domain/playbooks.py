@@ -196,6 +196,11 @@ class Playbook(_Strict):
         description="After a run starts on a node, further alerts for that node within this "
         "time start no new run of this playbook.",
     )
+    cooldown_per: Literal["node", "gpu"] = pydantic.Field(
+        default="node",
+        description="What the cooldown is kept for: the node, or each GPU of it (a thermal cap "
+        "for GPU 1 is not suppressed by the one for GPU 0).",
+    )
     exclusive: bool = pydantic.Field(
         default=True, description="Hold the node: at most one exclusive run per node at a time."
     )

@@ -20,7 +20,7 @@ NAMESPACES: dict[str, frozenset[str] | None] = {
     "params": None,  # a manual run's parameters
     "target": frozenset({"node", "gpu"}),
     "alert": frozenset({"alertname", "fingerprint", "status", "startsAt", "generatorURL"}),
-    "run": frozenset({"id", "playbook"}),
+    "run": frozenset({"playbook"}),
 }
 
 _EXPR = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)

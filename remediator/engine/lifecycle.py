@@ -81,6 +81,8 @@ def _create_alert_run(
     new = _escalate_repeat_offender(tx, new, playbook.guards.apply(guard_base), registry)
     if new.status is runs.RunStatus.PENDING and playbook.cooldown and new.node:
         key = f"cooldown:{playbook.name}:{new.node}"
+        if playbook.cooldown_per == "gpu":
+            key = f"{key}:{new.gpu or '-'}"
         if not tx.try_lock(key, run_id=None, expires_at=tx.now + playbook.cooldown):
             tx.add_event(
                 "run.suppressed",

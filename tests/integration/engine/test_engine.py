@@ -461,3 +461,29 @@ async def test_a_manual_run_records_its_principal_and_runs(make_harness):
     assert detail["status"] == "succeeded"
     assert detail["events"][0]["actor"] == "alice"
     assert applied(h) == ["gpu-node-01"]
+
+
+async def test_a_cooldown_per_gpu_lets_another_gpu_of_the_node_through(make_harness, clock):
+    h = await make_harness(
+        """
+        name: per-gpu
+        match: {alertname: GPUTemperatureHigh}
+        cooldown: 10m
+        cooldown_per: gpu
+        exclusive: false
+        steps:
+          - {id: cap, action: test.record, params: {label: "{{ target.gpu }}"}}
+        """
+    )
+    for gpu, minute in (("0", "00"), ("1", "01"), ("0", "02")):
+        await h.post(
+            alert_body(
+                alertname="GPUTemperatureHigh",
+                starts=f"2026-11-30T00:{minute}:00Z",
+                fingerprint=f"{int(gpu) + 1:016x}" if minute != "02" else "f" * 16,
+                extra_labels={"UUID": f"GPU-{gpu}"},
+            )
+        )
+        await h.settle()
+        clock.advance(60)
+    assert sorted(applied(h)) == ["GPU-0", "GPU-1"]

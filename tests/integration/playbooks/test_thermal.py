@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from remediator.sim import testing
@@ -63,13 +65,19 @@ async def test_temperature_high_caps_each_hot_gpu_and_restores_each_when_it_cool
 
 
 async def test_a_refire_of_temperature_high_does_not_stack_caps(
-    gpu_harness: MakeGpuHarness, sim: testing.RunningSim
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, clock: Any
 ) -> None:
     h = await gpu_harness()
     first = fixture("GPUTemperatureHigh-firing-2alerts")
     await post(h, first)
-    # The resolution never reached us; the same alert fires again as a new episode.
+    # The resolution never reached us; the same alert fires again as a new episode, within
+    # the cooldown (no new run) and after it (a run that finds the cap in place).
+    again = first.replace(b"2026-11-30T00:01:55.47Z", b"2026-11-30T00:11:55.47Z")
+    clock.advance(10 * 60)
+    await post(h, again)
+    assert len(await h.runs(playbook="gpu-temperature-high")) == 2
     again = first.replace(b"2026-11-30T00:01:55.47Z", b"2026-11-30T00:31:55.47Z")
+    clock.advance(20 * 60)
     await post(h, again)
     runs = await h.runs(playbook="gpu-temperature-high")
     assert len(runs) == 4
@@ -152,16 +160,11 @@ async def test_temperature_critical_leaves_a_node_someone_else_cordoned_cordoned
     await post(h, fixture("GPUTemperatureCritical-resolved-1alerts"))
     undo = await only_run(h, kind="undo")
     assert undo["status"] == "succeeded"
-    assert "not cordoned by this run" in str(step(undo, "undo-cordon")["output"])
+    assert "not cordoned by the run being undone" in str(step(undo, "undo-cordon")["output"])
     assert cordoned(sim, NODE)  # still the other party's cordon
     assert sim.gpu(NODE, 0).power_limit == DEFAULT
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="node.cordon's undo compares the node's marker with the *undo* run's id "
-    "(run-<undo run>), never the run that cordoned, so it always leaves the node cordoned",
-)
 async def test_resolution_uncordons_a_node_this_run_cordoned(
     gpu_harness: MakeGpuHarness, sim: testing.RunningSim
 ) -> None:
