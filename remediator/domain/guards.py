@@ -7,7 +7,8 @@ starts, the engine asks ``decide`` with a snapshot of persisted guard state and 
 and in the audit trail) instead of failing. Non-disruptive steps are never held.
 
 - **Budget**: at most ``max_nodes`` nodes, and at most ``max_percent`` of the GPU nodes,
-  disrupted by remediator at once. A node stays disrupted until it is returned to service.
+  disrupted by remediator at once — per pool when ``pool_label`` names one. A node stays
+  disrupted until it is returned to service.
 - **Circuit breaker**: more than ``max_disruptive_runs`` runs of disruptive playbooks started
   within ``breaker_window`` opens the breaker (a storm of alerts, whatever the budget lets
   through); it stays open until an operator resets it, and only runs started after the reset
@@ -111,6 +112,11 @@ class GuardConfig(pydantic.BaseModel):
     change_windows: list[ChangeWindow] = pydantic.Field(
         default_factory=list, description="Disruptive steps start only inside these (none: any)."
     )
+    pool_label: str | None = pydantic.Field(
+        default=None,
+        description="Node label naming a pool (e.g. a rack or GPU type); when set, the budget "
+        "applies within each pool.",
+    )
     recheck: durations.Duration = pydantic.Field(
         default=dt.timedelta(seconds=15), description="How often a held step is re-evaluated."
     )
@@ -128,6 +134,7 @@ class GuardOverride(pydantic.BaseModel):
     node_cooldown: durations.Duration | None = None
     max_per_node_per_day: int | None = pydantic.Field(default=None, ge=1)
     change_windows: list[ChangeWindow] | None = None
+    pool_label: str | None = None
 
     def apply(self, base: GuardConfig) -> GuardConfig:
         return base.model_copy(update=self.model_dump(exclude_none=True))

@@ -37,8 +37,18 @@ class Gate:
     base: guards.GuardConfig
     index: playbooks.PlaybookIndex
     disruptive_actions: frozenset[str]
-    gpu_nodes: int | None
+    fleet: dict[str, dict[str, str]] | None  # GPU node name → labels; None when unknown
     tripped: list[str] = dataclasses.field(default_factory=list)
+
+    def scope(self, config: guards.GuardConfig, node: str | None) -> tuple[str | None, int | None]:
+        """The node's pool (when the budget is per pool) and how many GPU nodes it holds."""
+        if self.fleet is None:
+            return None, None
+        if config.pool_label is None or node is None:
+            return None, len(self.fleet)
+        pool = self.fleet.get(node, {}).get(config.pool_label)
+        members = [n for n, labels in self.fleet.items() if labels.get(config.pool_label) == pool]
+        return pool, len(members)
 
     def admit(self, tx: store.Tx, step: records.Step) -> bool:
         if step.phase is not runs.StepPhase.DO or step.action not in self.disruptive_actions:
@@ -48,11 +58,13 @@ class Gate:
         if run.dry_run:
             return True
         config = guard_config(self.base, self.index.get(run.playbook))
+        pool, gpu_nodes = self.scope(config, run.node)
         snapshot = tx.guard_snapshot(
             node=run.node,
             since=tx.now - config.breaker_window,
             disruptive_playbooks=disruptive_playbooks(self.index, self.disruptive_actions),
-            gpu_nodes=self.gpu_nodes,
+            gpu_nodes=gpu_nodes,
+            pool=pool,
         )
         verdict = guards.decide(config, snapshot, node=run.node, now=tx.now)
         if verdict.trips_breaker and not snapshot.breaker_open:
@@ -64,7 +76,7 @@ class Gate:
             )
             return False
         if run.node is not None:
-            tx.record_disruption(run_id=run.id, node=run.node)
+            tx.record_disruption(run_id=run.id, node=run.node, pool=pool)
         return True
 
 

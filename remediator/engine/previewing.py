@@ -184,13 +184,18 @@ class Previewer:
             return None
         disruptive = frozenset(a.name for a in self.registry.all() if a.disruptive)
         names = guarding.disruptive_playbooks(self.index, disruptive)
-        gpu_nodes = None
+        fleet = None
         if self.cluster is not None:
             try:
                 selector = getattr(self.cluster, "gpu_node_selector", "")
-                gpu_nodes = len(await self.cluster.list_nodes(selector))
+                nodes = await self.cluster.list_nodes(selector)
+                fleet = {n.name: dict(n.labels) for n in nodes}
             except Exception:  # the plan still shows everything else
-                gpu_nodes = None
+                fleet = None
+        gate = guarding.Gate(
+            base=config, index=self.index, disruptive_actions=disruptive, fleet=fleet
+        )
+        pool, gpu_nodes = gate.scope(config, node)
 
         def snapshot(tx: store.Tx) -> guard_rules.Verdict:
             state = tx.guard_snapshot(
@@ -198,6 +203,7 @@ class Previewer:
                 since=tx.now - config.breaker_window,
                 disruptive_playbooks=names,
                 gpu_nodes=gpu_nodes,
+                pool=pool,
             )
             # One more run of this playbook is what the plan is about.
             state = dataclasses.replace(state, recent_runs=state.recent_runs + 1)

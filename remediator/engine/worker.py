@@ -67,7 +67,7 @@ class Engine:
         )
         self._wake = asyncio.Event()
         self._in_flight: dict[int, asyncio.Task[None]] = {}
-        self._gpu_nodes: tuple[dt.datetime, int] | None = None
+        self._gpu_nodes: tuple[dt.datetime, dict[str, dict[str, str]]] | None = None
         self._silence_check = 0.0
         self._woken = False
         self._stopping = False
@@ -170,7 +170,7 @@ class Engine:
             base=self.settings.guards,
             index=self.rules.index,
             disruptive_actions=self.disruptive_actions,
-            gpu_nodes=await self._gpu_node_count(),
+            fleet=await self._fleet(),
         )
 
         def work(tx: store.Tx) -> tuple[list[records.Step], dt.datetime, list[str]]:
@@ -216,20 +216,20 @@ class Engine:
     def disruptive_actions(self) -> frozenset[str]:
         return frozenset(a.name for a in self.services.registry.all() if a.disruptive)
 
-    async def _gpu_node_count(self) -> int | None:
-        """GPU nodes in the cluster (for the percentage budget), refreshed once a minute."""
+    async def _fleet(self) -> dict[str, dict[str, str]] | None:
+        """The GPU nodes and their labels (for percentage and per-pool budgets), refreshed
+        once a minute; ``None`` without a cluster or while it cannot be listed."""
         cluster = self.services.cluster
         if cluster is None:
             return None
         now = self.services.clock()
         if self._gpu_nodes is None or now - self._gpu_nodes[0] > dt.timedelta(minutes=1):
             try:
-                selector = getattr(cluster, "gpu_node_selector", "")
-                nodes = await cluster.list_nodes(selector)
+                nodes = await cluster.list_nodes(getattr(cluster, "gpu_node_selector", ""))
             except errors.RemediatorError as e:
-                logger.warning("cannot count GPU nodes (%s); percentage budget not applied", e)
+                logger.warning("cannot list GPU nodes (%s); percentage budget not applied", e)
                 return None if self._gpu_nodes is None else self._gpu_nodes[1]
-            self._gpu_nodes = (now, len(nodes))
+            self._gpu_nodes = (now, {node.name: dict(node.labels) for node in nodes})
         return self._gpu_nodes[1]
 
     async def _announce_breaker(self, reason: str) -> None:

@@ -542,13 +542,12 @@ class SqlTx:
         since: dt.datetime,
         disruptive_playbooks: Iterable[str],
         gpu_nodes: int | None,
+        pool: str | None = None,
     ) -> guards.Snapshot:
-        disrupted = {
-            row.node
-            for row in self.conn.execute(
-                sa.select(D.c.node).where(D.c.released_at.is_(None)).distinct()
-            )
-        }
+        active = sa.select(D.c.node).where(D.c.released_at.is_(None))
+        if pool is not None:
+            active = active.where(D.c.pool == pool)
+        disrupted = {row.node for row in self.conn.execute(active.distinct())}
         breaker = self.get_guard_state("breaker")
         window = [R.c.created_at >= since]
         if breaker.get("reset_at"):  # runs an operator has seen when resetting do not count
@@ -596,10 +595,10 @@ class SqlTx:
     def delete_guard_state(self, key: str) -> None:
         self.conn.execute(sa.delete(G).where(G.c.key == key))
 
-    def record_disruption(self, *, run_id: int, node: str) -> None:
+    def record_disruption(self, *, run_id: int, node: str, pool: str | None = None) -> None:
         self.conn.execute(
             self._insert(D)
-            .values(run_id=run_id, node=node, started_at=self.now)
+            .values(run_id=run_id, node=node, pool=pool, started_at=self.now)
             .on_conflict_do_nothing(index_elements=[D.c.run_id, D.c.node])
         )
 

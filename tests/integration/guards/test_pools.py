@@ -1,0 +1,61 @@
+"""A budget per pool: with `pool_label`, each pool gets its own share of disrupted nodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from remediator.sim import fleet as fleet_mod
+from remediator.sim import testing
+from tests.integration.guards.test_storm import xid_alert
+
+NODES = {f"gpu-{rack}-{i}": rack for rack in ("a", "b") for i in range(3)}
+
+CORDON = """
+name: cordon-on-xid
+match: {alertname: GPUXidError79}
+steps:
+  - {id: cordon, action: node.cordon}
+"""
+
+
+@pytest.fixture
+async def sim():
+    fleet = fleet_mod.Fleet.model_validate(
+        {
+            "settings": {"time_scale": 0.01},
+            "nodes": [
+                {
+                    "name": name,
+                    "labels": {"nvidia.com/gpu.present": "true", "topology.example.com/rack": rack},
+                    "gpus": {"count": 1},
+                }
+                for name, rack in NODES.items()
+            ],
+        }
+    )
+    async with testing.running_sim(fleet) as running:
+        yield running
+
+
+async def test_each_pool_gets_its_own_budget(make_harness, sim):
+    h = await make_harness(
+        CORDON,
+        kubernetes={"mode": "url", "url": sim.url, "token": sim.token},
+        guards={
+            "max_nodes": 10,
+            "max_percent": 33,
+            "pool_label": "topology.example.com/rack",
+            "max_disruptive_runs": 100,
+        },
+    )
+    for node in NODES:
+        await h.post(xid_alert(node))
+    await h.settle()
+    cordoned = [n for n in NODES if sim.node(n)["spec"].get("unschedulable")]
+    assert sorted(NODES[n] for n in cordoned) == ["a", "b"]
+    held = []
+    for run in await h.runs():
+        step = (await h.run_detail(run["id"]))["steps"][0]
+        if step["status"] == "pending":
+            held.append(step["output"]["held"])
+    assert held == ["disruption budget in use: 1 of 1 nodes"] * 4
