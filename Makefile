@@ -28,6 +28,9 @@ postgres: ## Make sure PostgreSQL answers on 127.0.0.1:5432
 run: install ## Run the server on SQLite with the playbooks in rules/ (http://127.0.0.1:8080)
 	$(BIN)/remediator serve
 
+demo: install ## Replay real GPU alerts against the simulator and a real server (~20 s)
+	$(BIN)/remediator demo
+
 sim: install ## Run the simulated GPU cluster (Kubernetes API on 127.0.0.1:6443)
 	$(BIN)/remediator sim
 

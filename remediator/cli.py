@@ -159,6 +159,19 @@ def _docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from remediator.demo import command
+
+    options = command.Options(
+        keep_running=args.keep_running,
+        interactive=args.interactive,
+        color=args.color,
+        rules=args.rules,
+        data_dir=args.data_dir,
+    )
+    return command.run(options)
+
+
 def _sim(args: argparse.Namespace) -> int:
     from remediator.sim import cli as sim_cli
 
@@ -388,6 +401,18 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # pragma: no cover - the simulator ships with the package
         pass
     sim.set_defaults(func=_sim)
+
+    demo = commands.add_parser(
+        "demo", help="replay real GPU alerts against the simulator and a real server"
+    )
+    demo.add_argument("--keep-running", action="store_true", help="stay up until Ctrl-C")
+    demo.add_argument(
+        "--interactive", action="store_true", help="wait for you to approve the drains"
+    )
+    demo.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    demo.add_argument("--rules", type=pathlib.Path, help="playbook directory (default ./rules)")
+    demo.add_argument("--data-dir", type=pathlib.Path, help="keep the database and artifacts here")
+    demo.set_defaults(func=_demo)
     _add_operator_commands(commands)
     return parser
 

@@ -1,0 +1,287 @@
+"""Play the scenario: post each act's deliveries as Alertmanager would, follow the runs they
+start through the API (steps, approvals, drain progress), check the cluster, then show the
+audit trail and its verification."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from typing import Any
+
+import httpx
+
+from remediator.demo import acts, checks, display, processes
+
+ACT_TIMEOUT = 45.0
+POLL = 0.2
+ACTIVE = {"pending", "running", "waiting_approval"}
+BAD_ENDINGS = {"failed", "rejected", "cancelled"}
+TOLD = {"succeeded", "failed", "skipped", "cancelled", "rejected", "waiting_approval"}
+
+
+class Api:
+    """The server's HTTP API with the demo's three tokens."""
+
+    def __init__(self, client: httpx.AsyncClient, tokens: processes.Tokens) -> None:
+        self.client = client
+        self.tokens = tokens
+
+    async def call(self, method: str, path: str, token: str, **kwargs: Any) -> Any:
+        headers = {"Authorization": f"Bearer {token}", **kwargs.pop("headers", {})}
+        response = await self.client.request(method, path, headers=headers, **kwargs)
+        if response.status_code >= 300:
+            raise processes.DemoError(
+                f"{method} {path} answered {response.status_code}: {response.text}"
+            )
+        return response.json()
+
+    async def post_alerts(self, body: bytes) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json"}
+        return dict(
+            await self.call(
+                "POST", "/api/v1/alerts", self.tokens.ingest, content=body, headers=headers
+            )
+        )
+
+    async def runs(self) -> list[dict[str, Any]]:
+        page = await self.call("GET", "/api/v1/runs", self.tokens.operator, params={"limit": 200})
+        return sorted(page["items"], key=lambda run: run["id"])
+
+    async def run(self, run_id: int) -> dict[str, Any]:
+        return dict(await self.call("GET", f"/api/v1/runs/{run_id}", self.tokens.operator))
+
+    async def approve(self, run_id: int, step_id: int, comment: str) -> dict[str, Any]:
+        path = f"/api/v1/runs/{run_id}/steps/{step_id}/approve"
+        return dict(await self.call("POST", path, self.tokens.operator, json={"comment": comment}))
+
+    async def verify(self) -> dict[str, Any] | None:
+        response = await self.client.get(
+            "/api/v1/audit/verify", headers={"Authorization": f"Bearer {self.tokens.auditor}"}
+        )
+        return dict(response.json()) if response.status_code == 200 else None
+
+
+class Player:
+    def __init__(
+        self,
+        *,
+        show: display.Display,
+        api: Api,
+        sim: processes.Sim,
+        server: processes.Server,
+        interactive: bool,
+    ) -> None:
+        self.show = show
+        self.api = api
+        self.sim = sim
+        self.server = server
+        self.interactive = interactive
+        self.announced: set[int] = set()
+        self.told: set[tuple[int, str]] = set()
+        self.updated: dict[int, str] = {}
+        self.finished: dict[int, str] = {}
+        self.approved: set[int] = set()
+        self.details: dict[int, dict[str, Any]] = {}
+        self.deliveries = 0
+
+    async def play(self, number: int, act: acts.Act) -> None:
+        self.show.act(number, act.title, act.story)
+        baseline = max(self.updated, default=0)
+        for change in act.hardware:
+            gpu = self.sim.cluster.gpu(change.node, change.gpu)
+            if gpu is None:
+                raise processes.DemoError(f"the simulator has no GPU {change.gpu} on {change.node}")
+            for key, value in change.state.items():
+                setattr(gpu, key, value)
+            state = ", ".join(f"{k}={v}" for k, v in change.state.items())
+            self.show.event(
+                "⚙", f"hardware: {change.node} GPU {change.gpu} {state}", color="magenta"
+            )
+        for name in act.deliveries:
+            body = acts.delivery_body(name)
+            summary = display.alert_line(_json(body))
+            self.show.event("⇢", f"Alertmanager delivers {name}", color="magenta")
+            self.show.line(f"  {self.show.style(summary, 'bold')}", indent=9)
+            answer = await self.api.post_alerts(body)
+            self.deliveries += 1
+            self.show.line(f"  → {display.intake_line(answer)}", indent=9)
+        await self._follow(number, act, baseline)
+
+    async def _follow(self, number: int, act: acts.Act, baseline: int) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ACT_TIMEOUT
+        while True:
+            waiting = await self._poll(act, baseline)
+            results = self._evaluate(act)
+            new = [r for r in self.details.values() if r["id"] > baseline and r["kind"] == "alert"]
+            started = {pb: sum(r["playbook"] == pb for r in new) for pb in act.new_runs}
+            quiet = not any(_active(detail) for detail in self.details.values())
+            if quiet and started == act.new_runs and all(ok for _, ok, _ in results):
+                break
+            if waiting and self.interactive:
+                deadline = loop.time() + ACT_TIMEOUT
+            if loop.time() > deadline:
+                for want, ok, found in results:
+                    self.show.check(ok, want.describe(), found)
+                if started != act.new_runs:
+                    self.show.check(False, f"runs started {act.new_runs}", f"got {started}")
+                raise processes.DemoError(
+                    f"act {number} ({act.title}) did not end as expected within "
+                    f"{ACT_TIMEOUT:g} s; see the ✗ above and {self.server.log}"
+                )
+            await asyncio.sleep(POLL)
+        extra = {pb: n for pb, n in _count(new).items() if n != act.new_runs.get(pb, 0)}
+        if extra:
+            raise processes.DemoError(f"act {number} started unexpected runs: {extra}")
+        for want, ok, found in results:
+            self.show.check(ok, want.describe(), found)
+
+    def _evaluate(self, act: acts.Act) -> list[tuple[acts.Expectation, bool, str]]:
+        details = list(self.details.values())
+        found = []
+        for want in act.expect:
+            ok, text = checks.evaluate(
+                want, cluster=self.sim.cluster, details=details, artifacts=self.server.artifacts
+            )
+            found.append((want, ok, text))
+        return found
+
+    async def _poll(self, act: acts.Act, baseline: int) -> bool:
+        """Refresh every run that changed; tell new steps; approve; show drain progress.
+        True while a step waits for an operator."""
+        waiting = False
+        for run in await self.api.runs():
+            known = self.details.get(run["id"])
+            if known and self.updated[run["id"]] == run["updatedAt"] and not _active(known):
+                continue
+            self.updated[run["id"]] = run["updatedAt"]
+            detail = await self.api.run(run["id"])
+            self.details[run["id"]] = detail
+            if run["id"] not in self.announced:
+                self.announced.add(run["id"])
+                self.show.event("▶", self.show.style(display.run_line(detail), "bold"), indent=4)
+            waiting = await self._tell(act, detail) or waiting
+        return waiting
+
+    async def _tell(self, act: acts.Act, detail: dict[str, Any]) -> bool:
+        waiting = False
+        for step in detail["steps"]:
+            status = step["status"]
+            if status == "running" and step["action"] == "node.drain" and step.get("output"):
+                self.show.progress(display.progress_line(step["output"]))
+            if status not in TOLD or (step["id"], status) in self.told:
+                continue
+            self.told.add((step["id"], status))
+            self.show.step(detail["id"], step)
+            if status == "waiting_approval":
+                waiting = True
+                await self._approval(act, detail, step)
+        if detail["status"] not in ACTIVE and self.finished.get(detail["id"]) != detail["status"]:
+            self.finished[detail["id"]] = detail["status"]
+            self._outcome(detail)
+        return waiting
+
+    def _outcome(self, detail: dict[str, Any]) -> None:
+        status = detail["status"]
+        _, color = display.STATUS_MARKS.get(status, ("?", "dim"))
+        text = f"run #{detail['id']} {detail['playbook']} {status}"
+        self.show.event("■", self.show.style(text, color, "bold"), color=color, indent=4)
+        if status in BAD_ENDINGS:
+            errors = [f"{s['key']}: {s.get('error')}" for s in detail["steps"] if s.get("error")]
+            raise processes.DemoError(
+                f"run #{detail['id']} ({detail['playbook']}) ended {status}: "
+                f"{'; '.join(errors) or detail.get('reason')}"
+            )
+
+    async def _approval(self, act: acts.Act, detail: dict[str, Any], step: dict[str, Any]) -> None:
+        run_id, step_id = detail["id"], step["id"]
+        if step["key"] not in act.approve:
+            raise processes.DemoError(
+                f"run #{run_id} waits for approval of {step['key']}, unexpected"
+            )
+        path = f"/api/v1/runs/{run_id}/steps/{step_id}/approve"
+        if self.interactive:
+            self._prompt(run_id, path)
+            return
+        if step_id in self.approved:
+            return
+        comment = (
+            f"Demo operator: {detail.get('node')} is cordoned and tainted; "
+            f"its workloads may move now."
+        )
+        await self.api.approve(run_id, step_id, comment)
+        self.approved.add(step_id)
+        self.show.event(
+            "✓",
+            f"approved by demo-operator: POST {path} “{comment}”",
+            color="green",
+            indent=6,
+        )
+
+    def _prompt(self, run_id: int, path: str) -> None:
+        page = f"{self.server.url}/runbooks/runs/{run_id}"
+        curl = (
+            f"curl -s -X POST -H {shlex.quote('Authorization: Bearer ' + self.api.tokens.operator)}"
+            f" -H 'Content-Type: application/json' --data '{{\"comment\": \"looks right\"}}' "
+            f"{self.server.url}{path}"
+        )
+        lines = [
+            self.show.style("Your turn: approve (or reject) the drain.", "yellow", "bold"),
+            f"web page: {page}  (sign in with the operator token below)",
+            f"API:      {curl}",
+            f"operator token: {self.api.tokens.operator}",
+            "waiting for your decision… (Ctrl-C stops the demo)",
+        ]
+        for line in lines:
+            self.show.line(line, indent=8)
+
+    async def audit(self) -> bool:
+        self.show.heading("Audit trail (GET /api/v1/runs/{id}: every transition, hash-chained)")
+        for run_id in sorted(self.details):
+            detail = await self.api.run(run_id)
+            self.show.line(self.show.style(display.run_line(detail), "bold"), indent=2)
+            for approval in detail.get("approvals") or []:
+                self.show.line(
+                    f"approval: {approval['decision']} by {approval['principal']} "
+                    f"at {str(approval['at'])[11:19]}: “{approval['comment']}”",
+                    indent=4,
+                )
+            events = detail.get("events") or []
+            for event in events:
+                if not display.attempt_start(event):
+                    self.show.line(self.show.style(display.event_line(event), "dim"), indent=4)
+            hidden = sum(display.attempt_start(event) for event in events)
+            if hidden:
+                self.show.line(
+                    self.show.style(f"(+ {hidden} attempt-start events, pending → running)", "dim"),
+                    indent=4,
+                )
+        report = await self.api.verify()
+        if report is None:
+            self.show.line("(this server has no GET /api/v1/audit/verify)", indent=2)
+            return True
+        ok = bool(report.get("ok"))
+        self.show.check(
+            ok, f"GET /api/v1/audit/verify as demo-auditor: {display.verify_line(report)}"
+        )
+        return ok
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    import json
+
+    value = json.loads(body)
+    return value if isinstance(value, dict) else {}
+
+
+def _active(detail: dict[str, Any]) -> bool:
+    return detail["status"] in ACTIVE or any(
+        s["status"] in ("pending", "running") for s in detail["steps"]
+    )
+
+
+def _count(runs: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for run in runs:
+        counts[run["playbook"]] = counts.get(run["playbook"], 0) + 1
+    return counts
