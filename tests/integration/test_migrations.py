@@ -58,3 +58,42 @@ async def test_the_audit_chain_starts_from_a_seeded_head(database_url):
         assert (row.id, row.last_id, row.last_hash) == (1, None, "0" * 64)
     finally:
         await db.dispose()
+
+
+async def test_retention_deletes_only_old_raw_deliveries(database_url):
+    import datetime as dt
+
+    import sqlalchemy as sa
+
+    from remediator.adapters.db import retention
+
+    db = database.Database(database_url)
+    try:
+        await migrate.upgrade(db)
+        now = dt.datetime(2026, 11, 30, tzinfo=dt.UTC)
+        async with db.write() as conn:
+            await conn.execute(
+                sa.insert(tables.deliveries),
+                [
+                    {
+                        "received_at": now - dt.timedelta(days=age),
+                        "receiver": "r",
+                        "status": "firing",
+                        "group_key": "g",
+                        "alert_count": 0,
+                        "body": "{}",
+                    }
+                    for age in (1, 89, 91, 400)
+                ],
+            )
+        deleted = await retention.delete_old_deliveries(
+            db, older_than=now - dt.timedelta(days=90), batch=1
+        )
+        assert deleted == 2
+        async with db.read() as conn:
+            left = (
+                await conn.execute(sa.select(sa.func.count()).select_from(tables.deliveries))
+            ).scalar_one()
+        assert left == 2
+    finally:
+        await db.dispose()
