@@ -93,6 +93,8 @@ async def _demo(options: Options, show: display.Display) -> int:
         "real Alertmanager 0.25 deliveries"
     )
     with workdir(options.data_dir) as work:
+        kept = "kept" if options.data_dir else "removed on exit"
+        show.event("●", f"working directory {work} ({kept})")
         async with processes.simulator(work) as sim:
             show.event(
                 "●",

@@ -1,0 +1,124 @@
+"""`remediator demo`, the README's first command, as a user runs it: a subprocess with no
+stdin, no colours; it must finish the scenario, tell the whole story and leave nothing behind."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(110)]
+
+
+def _listening(url: str) -> bool:
+    host, port = url.split("://", 1)[1].rsplit(":", 1)
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, int(port))) == 0
+
+
+@pytest.fixture(scope="module")
+def demo() -> tuple[subprocess.CompletedProcess[str], float]:
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "remediator", "demo", "--color", "never"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    return result, time.monotonic() - started
+
+
+def test_demo_completes_the_scenario_quickly(
+    demo: tuple[subprocess.CompletedProcess[str], float],
+) -> None:
+    result, elapsed = demo
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "Scenario complete" in result.stdout
+    assert elapsed < 60, f"the demo took {elapsed:.1f} s"
+    assert "\x1b[" not in result.stdout  # --color never
+
+
+def test_demo_shows_each_alert_its_playbook_and_outcome(
+    demo: tuple[subprocess.CompletedProcess[str], float],
+) -> None:
+    out = demo[0].stdout
+    for alert, playbook in (
+        (
+            "GPUTemperatureHigh: firing gpu-node-01 GPU 1, firing gpu-node-01 GPU 0",
+            "gpu-temperature-high",
+        ),
+        ("GPUUtilizationLow: firing gpu-node-02 GPU 2", "gpu-utilization-low"),
+        ("GPUECCUncorrectableError: firing gpu-node-02 GPU 5", "gpu-ecc-uncorrectable"),
+        ("GPUXidError79: firing gpu-node-03 GPU 3", "gpu-xid-error"),
+    ):
+        assert alert in out
+        assert f"playbook {playbook} on" in out
+        assert f"{playbook} succeeded" in out
+    # power caps applied, then restored
+    assert out.count("700 W → 490 W") == 2
+    assert out.count("back to 700 W") == 2
+    # the repeated Xid delivery is recognised as the same episode
+    assert "0 changed, 1 deduplicated" in out
+    # drains with progress, bug reports (safe mode for the lost GPU)
+    assert "draining gpu-node-02" in out or "drain [node.drain] 1/1 pod(s) evicted" in out
+    assert re.search(r"bug-report \[gpu.collect_bug_report\] gpu-node-03/\S+ \(safe mode\)", out)
+    assert "annotation removed" in out
+
+
+def test_demo_approves_through_the_api_and_checks_the_cluster(
+    demo: tuple[subprocess.CompletedProcess[str], float],
+) -> None:
+    out = demo[0].stdout
+    approvals = re.findall(
+        r"approved by demo-operator: POST /api/v1/runs/\d+/steps/\d+/approve", out
+    )
+    assert len(approvals) == 2
+    assert "✗" not in out
+    for fact in (
+        "gpu-node-01 GPU 0 power limit at 70% of default",
+        "gpu-node-01 GPU 1 power limit at its default",
+        "gpu-node-02 cordoned (unschedulable)",
+        "gpu-node-03 runs only DaemonSet pods (workloads drained)",
+        "nvidia-bug-report (--safe-mode) of gpu-node-03 stored, SHA-256 matches",
+        "pod inference/vllm-llama3-70b-7c9d5 no longer carries annotation",
+    ):
+        assert f"✓ check: {fact}" in out
+
+
+def test_demo_prints_the_audit_trail_and_its_verification(
+    demo: tuple[subprocess.CompletedProcess[str], float],
+) -> None:
+    out = demo[0].stdout
+    trail = out.split("Audit trail", 1)[1]
+    assert "approval: approved by demo-operator" in trail
+    assert re.search(r"demo-operator: step drain waiting_approval → pending", trail)
+    assert re.search(r"engine: run running → succeeded", trail)
+    assert re.search(r"check: GET /api/v1/audit/verify as demo-auditor: hash chain intact", trail)
+
+
+def test_demo_leaves_nothing_behind(
+    demo: tuple[subprocess.CompletedProcess[str], float],
+) -> None:
+    out = demo[0].stdout
+    server = re.search(r"remediator serve at (http://127\.0\.0\.1:\d+)", out)
+    sim = re.search(r"simulator: .* at (https://127\.0\.0\.1:\d+)", out)
+    workdir = re.search(r"working directory (\S+) \(removed on exit\)", out)
+    assert server
+    assert sim
+    assert workdir
+    assert not _listening(server.group(1))
+    assert not _listening(sim.group(1))
+    assert not pathlib.Path(workdir.group(1)).exists()
