@@ -30,7 +30,9 @@ class AlertmanagerSilencer:
         self.client = client or httpx.AsyncClient(timeout=10)
         self.attempts = attempts
 
-    async def _request(self, method: str, path: str, **kwargs: object) -> httpx.Response:
+    async def _request(
+        self, method: str, path: str, *, json: dict[str, object] | None = None
+    ) -> httpx.Response:
         try:
             async for attempt in tenacity.AsyncRetrying(
                 stop=tenacity.stop_after_attempt(self.attempts),
@@ -41,9 +43,7 @@ class AlertmanagerSilencer:
                 with attempt:
                     try:
                         response = await self.client.request(
-                            method,
-                            f"{self.base_url}{path}",
-                            **kwargs,  # type: ignore[arg-type]
+                            method, f"{self.base_url}{path}", json=json
                         )
                     except httpx.TransportError as e:
                         raise _Retry(f"{type(e).__name__}: {e}") from e

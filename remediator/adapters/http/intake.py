@@ -30,10 +30,15 @@ INTAKE = web.AppKey("intake", IntakeDeps)
 
 
 def _reject(
-    deps: IntakeDeps, status: int, reason: str, message: str, **kwargs: object
+    deps: IntakeDeps,
+    status: int,
+    reason: str,
+    message: str,
+    *,
+    fields: list[dict[str, str]] | None = None,
 ) -> web.Response:
     deps.metrics.deliveries_rejected.labels(reason=reason).inc()
-    return http_errors.error_response(status, reason, message, **kwargs)  # type: ignore[arg-type]
+    return http_errors.error_response(status, reason, message, fields=fields)
 
 
 async def _read_limited(request: web.Request, limit: int) -> bytes | None:
