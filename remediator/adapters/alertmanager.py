@@ -7,6 +7,7 @@ silence, e.g. an end in the past) is a permanent error. Errors surface as ``Reme
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import httpx
 import tenacity
@@ -30,9 +31,7 @@ class AlertmanagerSilencer:
         self.client = client or httpx.AsyncClient(timeout=10)
         self.attempts = attempts
 
-    async def _request(
-        self, method: str, path: str, *, json: dict[str, object] | None = None
-    ) -> httpx.Response:
+    async def _request(self, method: str, path: str, *, json: Any = None) -> httpx.Response:
         try:
             async for attempt in tenacity.AsyncRetrying(
                 stop=tenacity.stop_after_attempt(self.attempts),
