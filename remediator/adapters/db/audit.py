@@ -59,15 +59,19 @@ class Filters:
     run: int | None = None
 
 
-def _episode_ids(filters: Filters) -> sa.Select[Any] | None:
-    if filters.alertname is None and filters.fingerprint is None:
-        return None
-    query = sa.select(E.c.id)
-    if filters.alertname is not None:
-        query = query.where(E.c.alertname == filters.alertname)
+def _episode_condition(filters: Filters) -> Any:
+    """Runs of matching episodes. A fingerprint selects few episodes: an ``IN`` list. An alert
+    name selects many: a correlated ``EXISTS``, so the newest-first scan stops after a page."""
     if filters.fingerprint is not None:
-        query = query.where(E.c.fingerprint == filters.fingerprint)
-    return query
+        query = sa.select(E.c.id).where(E.c.fingerprint == filters.fingerprint)
+        if filters.alertname is not None:
+            query = query.where(E.c.alertname == filters.alertname)
+        return R.c.episode_id.in_(query)
+    if filters.alertname is not None:
+        return sa.exists(
+            sa.select(E.c.id).where(E.c.id == R.c.episode_id, E.c.alertname == filters.alertname)
+        )
+    return None
 
 
 def _run_conditions(filters: Filters) -> list[Any]:
@@ -80,18 +84,44 @@ def _run_conditions(filters: Filters) -> list[Any]:
     ):
         if value is not None:
             conditions.append(column == value)
-    episodes = _episode_ids(filters)
+    episodes = _episode_condition(filters)
     if episodes is not None:
-        conditions.append(R.c.episode_id.in_(episodes))
+        conditions.append(episodes)
+    return conditions
+
+
+# Events are appended in id order with the time their transaction started, so ``at`` follows
+# ``id`` up to the length of a transaction. A time range becomes an id range found through the
+# ``at`` index with this margin (the exact ``at`` condition still applies), so the newest-first
+# scan starts and stops near the range instead of walking from the newest event.
+INVERSION_MARGIN = dt.timedelta(minutes=5)
+
+
+def _time_conditions(filters: Filters) -> list[Any]:
+    conditions: list[Any] = []
+    if filters.since is not None:
+        first = (
+            sa.select(A.c.id)
+            .where(A.c.at >= filters.since - INVERSION_MARGIN)
+            .order_by(A.c.at)
+            .limit(1)
+            .scalar_subquery()
+        )
+        conditions += [A.c.at >= filters.since, A.c.id >= sa.func.coalesce(first, 0)]
+    if filters.until is not None:
+        last = (
+            sa.select(A.c.id)
+            .where(A.c.at < filters.until + INVERSION_MARGIN)
+            .order_by(A.c.at.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+        conditions += [A.c.at < filters.until, A.c.id <= sa.func.coalesce(last, 0)]
     return conditions
 
 
 def event_conditions(filters: Filters) -> list[Any]:
-    conditions: list[Any] = []
-    if filters.since is not None:
-        conditions.append(A.c.at >= filters.since)
-    if filters.until is not None:
-        conditions.append(A.c.at < filters.until)
+    conditions: list[Any] = _time_conditions(filters)
     if filters.principal is not None:
         conditions.append(A.c.actor == filters.principal)
     if filters.kind is not None:
@@ -101,7 +131,9 @@ def event_conditions(filters: Filters) -> list[Any]:
     if filters.run is not None:
         conditions.append(A.c.run_id == filters.run)
     if filters.action is not None:
-        conditions.append(A.c.step_id.in_(sa.select(S.c.id).where(S.c.action == filters.action)))
+        conditions.append(
+            sa.exists(sa.select(S.c.id).where(S.c.id == A.c.step_id, S.c.action == filters.action))
+        )
     run_conditions = _run_conditions(filters)
     if run_conditions:
         conditions.append(A.c.run_id.in_(sa.select(R.c.id).where(*run_conditions)))
