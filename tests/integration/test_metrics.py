@@ -3,8 +3,6 @@ scrape time (approvals waiting, breaker, node budget), on SQLite and Postgres.""
 
 from __future__ import annotations
 
-import datetime as dt
-
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
