@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import pathlib
 import signal
 import sys
@@ -66,6 +67,10 @@ def run(options: Options, out: TextIO | None = None) -> int:
     except KeyboardInterrupt:
         show.line("interrupted: everything stopped")
         return 130
+    except BrokenPipeError:  # `remediator demo | head`: stopped cleanly, nothing more to say
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        return 1
     except processes.DemoError as e:
         show.line("")
         show.line(show.style(f"demo failed: {e}", "red", "bold"))

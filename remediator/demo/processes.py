@@ -14,7 +14,6 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 import yaml
@@ -206,7 +205,3 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(ProcessLookupError):
             process.kill()
         await process.wait()
-
-
-def kubectl_hint(sim: Sim) -> dict[str, Any]:
-    return {"kubeconfig": str(sim.kubeconfig), "context": sim_testing.CONTEXT}

@@ -13,6 +13,7 @@ import httpx
 from remediator.demo import acts, checks, display, processes
 
 ACT_TIMEOUT = 45.0
+NO_RUN_TIMEOUT = 10.0
 POLL = 0.2
 ACTIVE = {"pending", "running", "waiting_approval"}
 BAD_ENDINGS = {"failed", "rejected", "cancelled"}
@@ -81,6 +82,7 @@ class Player:
         self.updated: dict[int, str] = {}
         self.finished: dict[int, str] = {}
         self.approved: set[int] = set()
+        self.decisions: set[tuple[int, str]] = set()
         self.details: dict[int, dict[str, Any]] = {}
         self.deliveries = 0
 
@@ -110,6 +112,7 @@ class Player:
     async def _follow(self, number: int, act: acts.Act, baseline: int) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ACT_TIMEOUT
+        no_run_deadline = loop.time() + NO_RUN_TIMEOUT
         while True:
             waiting = await self._poll(act, baseline)
             results = self._evaluate(act)
@@ -118,6 +121,8 @@ class Player:
             quiet = not any(_active(detail) for detail in self.details.values())
             if quiet and started == act.new_runs and all(ok for _, ok, _ in results):
                 break
+            if quiet and loop.time() > no_run_deadline:
+                _require_started(number, act, started)
             if waiting and self.interactive:
                 deadline = loop.time() + ACT_TIMEOUT
             if loop.time() > deadline:
@@ -127,7 +132,8 @@ class Player:
                     self.show.check(False, f"runs started {act.new_runs}", f"got {started}")
                 raise processes.DemoError(
                     f"act {number} ({act.title}) did not end as expected within "
-                    f"{ACT_TIMEOUT:g} s; see the ✗ above and {self.server.log}"
+                    f"{ACT_TIMEOUT:g} s (see the ✗ above); the server's last log lines:\n"
+                    f"{self.server.tail(15)}"
                 )
             await asyncio.sleep(POLL)
         extra = {pb: n for pb, n in _count(new).items() if n != act.new_runs.get(pb, 0)}
@@ -176,6 +182,11 @@ class Player:
             if status == "waiting_approval":
                 waiting = True
                 await self._approval(act, detail, step)
+        for approval in detail.get("approvals") or [] if self.interactive else []:
+            if (approval["stepId"], approval["principal"]) not in self.decisions:
+                self.decisions.add((approval["stepId"], approval["principal"]))
+                text = f"{approval['decision']} by {approval['principal']}: “{approval['comment']}”"
+                self.show.event("✓", text, color="green", indent=6)
         if detail["status"] not in ACTIVE and self.finished.get(detail["id"]) != detail["status"]:
             self.finished[detail["id"]] = detail["status"]
             self._outcome(detail)
@@ -272,6 +283,15 @@ def _json(body: bytes) -> dict[str, Any]:
 
     value = json.loads(body)
     return value if isinstance(value, dict) else {}
+
+
+def _require_started(number: int, act: acts.Act, started: dict[str, int]) -> None:
+    missing = sorted(pb for pb, n in act.new_runs.items() if started.get(pb, 0) < n)
+    if missing:
+        raise processes.DemoError(
+            f"act {number} ({act.title}): no run of {', '.join(missing)} started within "
+            f"{NO_RUN_TIMEOUT:g} s of the delivery; are those playbooks in the rules directory?"
+        )
 
 
 def _active(detail: dict[str, Any]) -> bool:
