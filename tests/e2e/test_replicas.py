@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 PLAYBOOK = """
 name: two-steps
 match: {alertname: GPUXidError79}
+concurrency: 200
 steps:
   - {id: a, action: test.record, params: {label: a}}
   - {id: b, action: test.record, params: {label: b}}
