@@ -135,8 +135,10 @@ def event_conditions(filters: Filters) -> list[Any]:
             sa.exists(sa.select(S.c.id).where(S.c.id == A.c.step_id, S.c.action == filters.action))
         )
     run_conditions = _run_conditions(filters)
-    if run_conditions:
+    if run_conditions and (filters.node or filters.gpu or filters.fingerprint or filters.playbook):
         conditions.append(A.c.run_id.in_(sa.select(R.c.id).where(*run_conditions)))
+    elif run_conditions:  # only an alert name: many runs match, check them one by one
+        conditions.append(sa.exists(sa.select(R.c.id).where(R.c.id == A.c.run_id, *run_conditions)))
     return conditions
 
 
