@@ -161,11 +161,10 @@ def start_run(tx: store.Tx, run: records.Run, *, concurrency: int) -> bool:
         if not tx.try_lock(key, run_id=run.id, expires_at=None):
             return False
         taken.append(key)
-    for slot in range(concurrency):
-        key = f"slot:{run.playbook}:{slot}"
-        if tx.try_lock(key, run_id=run.id, expires_at=None):
-            break
-    else:
+    prefix = f"slot:{run.playbook}:"
+    held = tx.held_keys(prefix)
+    free = (f"{prefix}{slot}" for slot in range(concurrency) if f"{prefix}{slot}" not in held)
+    if not any(tx.try_lock(key, run_id=run.id, expires_at=None) for key in free):
         tx.release_locks(taken)
         return False
     tx.transition_run(run, runs.RunStatus.RUNNING, actor=ENGINE, reason="locks acquired")

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import exc
 from sqlalchemy.dialects import postgresql, sqlite
 
 from remediator.adapters.db import database, tables
@@ -715,10 +714,11 @@ class SqlTx:
     def release_locks(self, keys: Iterable[str]) -> None:
         self.conn.execute(sa.delete(L).where(L.c.key.in_(list(keys))))
 
-    def run_ids_holding(self, prefix: str) -> list[int]:
-        query = sa.select(L.c.run_id).where(L.c.key.like(f"{prefix}%"), L.c.run_id.is_not(None))
-        return [row.run_id for row in self.conn.execute(query)]
+    def held_keys(self, prefix: str) -> set[str]:
+        """Keys of live locks starting with ``prefix`` (one query, whatever their number)."""
+        query = sa.select(L.c.key).where(
+            L.c.key.startswith(prefix),
+            sa.or_(L.c.expires_at.is_(None), L.c.expires_at > self.now),
+        )
+        return {row.key for row in self.conn.execute(query)}
 
-
-def is_unique_violation(error: BaseException) -> bool:
-    return isinstance(error, exc.IntegrityError)
