@@ -35,7 +35,8 @@ def find_rules(given: pathlib.Path | None) -> pathlib.Path:
             raise processes.DemoError(f"--rules {given}: not a directory")
         return given.resolve()
     package_root = pathlib.Path(__file__).resolve().parents[2]
-    for candidate in (pathlib.Path.cwd() / "rules", package_root / "rules"):
+    installed = pathlib.Path(__file__).resolve().parents[1] / "_rules"  # inside a wheel
+    for candidate in (pathlib.Path.cwd() / "rules", package_root / "rules", installed):
         if candidate.is_dir() and any(candidate.glob("*.yaml")):
             return candidate.resolve()
     raise processes.DemoError("no rules/ directory here or next to the package: pass --rules DIR")

@@ -86,7 +86,9 @@ class StepRunner:
     async def _heartbeat(
         self, step: records.Step, progress: dict[str, Any], lost: asyncio.Event
     ) -> None:
-        interval = max(self.lease_seconds / 3, 0.05)
+        # Renew at a third of the lease, and at least every 2 s so live progress (a drain's
+        # evicted / blocked / remaining) reaches the API promptly.
+        interval = max(min(self.lease_seconds / 3, 2.0), 0.05)
         while True:
             await asyncio.sleep(interval)
             try:

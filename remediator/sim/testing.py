@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import importlib.resources
 import pathlib
+import shutil
 import ssl
 import tempfile
 from collections.abc import AsyncIterator, Callable
@@ -82,6 +83,8 @@ class RunningSim:
     runner: web.AppRunner
     ca_cert_path: pathlib.Path | None = None
     """PEM file to trust when serving TLS (``None`` over plain HTTP)."""
+    workdir: pathlib.Path | None = None
+    """Where the kubeconfig and CA file live; removed by ``stop``."""
 
     @property
     def cluster(self) -> cluster_mod.Cluster:
@@ -139,6 +142,8 @@ class RunningSim:
 
     async def stop(self) -> None:
         await self.runner.cleanup()
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 async def start_sim(
@@ -173,7 +178,13 @@ async def start_sim(
         ca_path = workdir / "ca.crt"
         ca_path.write_bytes(ca_cert_pem())
     return RunningSim(
-        url=url, token=token, kubeconfig_path=path, app=app, runner=runner, ca_cert_path=ca_path
+        url=url,
+        token=token,
+        kubeconfig_path=path,
+        app=app,
+        runner=runner,
+        ca_cert_path=ca_path,
+        workdir=workdir,
     )
 
 
