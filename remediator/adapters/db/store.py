@@ -721,4 +721,3 @@ class SqlTx:
             sa.or_(L.c.expires_at.is_(None), L.c.expires_at > self.now),
         )
         return {row.key for row in self.conn.execute(query)}
-

@@ -64,9 +64,7 @@ async def test_a_plan_shows_gpus_pods_blocking_budgets_and_guards_without_changi
 
 
 async def test_a_waiting_run_has_a_plan_for_its_remaining_steps(make_harness, sim):
-    h = await make_harness(
-        PLAYBOOK, kubernetes={"mode": "url", "url": sim.url, "token": sim.token}
-    )
+    h = await make_harness(PLAYBOOK, kubernetes={"mode": "url", "url": sim.url, "token": sim.token})
     await h.post(am_fixture("GPUTemperatureHigh-firing-2alerts"))
     await h.settle()
     runs = await h.runs()
