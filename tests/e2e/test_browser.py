@@ -5,14 +5,17 @@ comment and watches it finish; an auditor sees no approve button and a forged po
 from __future__ import annotations
 
 import pathlib
+import subprocess
+import sys
 import time
 
 import httpx
 import pytest
 
+from tests.conftest import ROOT
 from tests.e2e import procs
 from tests.integration.conftest import write_playbooks
-from tests.integration.operators.conftest import GATED, TOKENS, alert_body, write_tokens
+from tests.integration.operators.conftest import TOKENS, alert_body, write_tokens
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -20,15 +23,73 @@ CHROMIUM = pathlib.Path("/usr/bin/chromium")
 CHROMEDRIVER = pathlib.Path("/usr/bin/chromedriver")
 
 
+DRAIN = """
+name: drain-on-xid
+match: {alertname: GPUXidError79}
+steps:
+  - {id: cordon, action: node.cordon}
+  - id: drain
+    action: node.drain
+    description: drain the node
+    requires_approval: true
+    params: {ignore_daemonsets: true, delete_emptydir_data: true, force: true,
+             timeout_seconds: 60}
+"""
+SIM_TOKEN = "browser-sim-token"
+
+
 @pytest.fixture
-def server(tmp_path):
+def sim(tmp_path):
+    port = procs.free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "remediator",
+            "sim",
+            "--no-tls",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--token",
+            SIM_TOKEN,
+            "--time-scale",
+            "0.02",
+            "--kubeconfig",
+            str(tmp_path / "kubeconfig"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    headers = {"Authorization": f"Bearer {SIM_TOKEN}"}
+
+    def up():
+        try:
+            return httpx.get(f"{url}/version", headers=headers).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        _until(up)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(20)
+
+
+@pytest.fixture
+def server(tmp_path, sim):
     env = {
-        "REMEDIATOR_PLUGINS": '["tests.support.recording"]',
         "REMEDIATOR_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}",
-        "REMEDIATOR_RULES": str(write_playbooks(tmp_path / "rules", GATED)),
+        "REMEDIATOR_RULES": str(write_playbooks(tmp_path / "rules", DRAIN)),
         "REMEDIATOR_TOKENS": str(write_tokens(tmp_path)),
         "REMEDIATOR_POLL_INTERVAL": "0.1",
-        "REMEDIATOR_TEST_RECORD": str(tmp_path / "records.jsonl"),
+        "REMEDIATOR_KUBERNETES__MODE": "url",
+        "REMEDIATOR_KUBERNETES__URL": sim,
+        "REMEDIATOR_KUBERNETES__TOKEN": SIM_TOKEN,
+        "REMEDIATOR_GUARDS__MAX_PERCENT": "100",
     }
     serve = procs.Serve(env=env, log=tmp_path / "serve.log").start()
     try:
@@ -37,11 +98,20 @@ def server(tmp_path):
         serve.terminate()
 
 
+def _pod_exists(sim, namespace, name):
+    response = httpx.get(
+        f"{sim}/api/v1/namespaces/{namespace}/pods/{name}",
+        headers={"Authorization": f"Bearer {SIM_TOKEN}"},
+    )
+    return response.status_code == 200
+
+
 @pytest.fixture
 def browser(tmp_path):
-    webdriver = pytest.importorskip("selenium.webdriver")
-    if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
-        pytest.skip("Debian's chromium and chromium-driver are not installed")
+    from selenium import webdriver
+
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    assert not missing, f"install Debian's chromium and chromium-driver (missing: {missing})"
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for flag in (
@@ -106,25 +176,27 @@ def _approvals(server):
     return response.json()["items"]
 
 
-def test_operator_approves_a_pending_drain_and_an_auditor_cannot(server, browser):
+def test_operator_approves_a_pending_drain_and_an_auditor_cannot(server, browser, sim):
     from selenium.webdriver.common.by import By
 
     _post_alert(server, "gpu-node-03")
     _until(lambda: _approvals(server))
+    assert _pod_exists(sim, "research", "jupyter-alice")
 
     _sign_in(browser, server, "olivia")
     row = browser.find_element(By.CSS_SELECTOR, "#approvals tr.pending-approval")
     assert "gpu-node-03" in row.text
     assert "GPUXidError79" in row.text
     row.find_element(By.LINK_TEXT, "run 1").click()
-    _until(lambda: "drain" in browser.find_element(By.ID, "plan").text)
+    _until(lambda: "research/jupyter-alice" in browser.find_element(By.ID, "plan").text)
     assert browser.find_element(By.ID, "run-status").text == "waiting_approval"
     form = browser.find_element(By.CSS_SELECTOR, "form.decision[action$='/approve']")
     form.find_element(By.NAME, "comment").send_keys("drain approved from the browser")
     form.find_element(By.CSS_SELECTOR, "button.approve").click()
-    _until(lambda: browser.find_element(By.ID, "run-status").text == "succeeded")
+    _until(lambda: browser.find_element(By.ID, "run-status").text == "succeeded", timeout=60)
     statuses = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".step-status")]
     assert statuses == ["succeeded", "succeeded"]
+    assert not _pod_exists(sim, "research", "jupyter-alice")
     assert browser.find_elements(By.CSS_SELECTOR, "button.approve") == []
 
     _post_alert(server, "gpu-node-04")
