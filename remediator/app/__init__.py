@@ -244,6 +244,18 @@ class Components:
             "principal": principal.name,
         }
 
+    async def select_nodes(self, selector: str) -> list[str]:
+        """GPU nodes matching ``selector`` (for a runbook started on many nodes)."""
+        if self.cluster is None:
+            raise errors.ValidationFailed("no Kubernetes cluster is configured to select nodes")
+        gpu_selector = getattr(self.cluster, "gpu_node_selector", "")
+        combined = ",".join(part for part in (gpu_selector, selector) if part)
+        try:
+            nodes = await self.cluster.list_nodes(combined)
+        except errors.RemediatorError as e:
+            raise errors.ValidationFailed(f"cannot select nodes with {selector!r}: {e}") from e
+        return sorted(node.name for node in nodes)
+
     async def expire_approvals(self) -> int:
         """Expire approvals older than ``approval_timeout`` with the configured outcome."""
         timeout = self.settings.approval_timeout
@@ -316,7 +328,7 @@ def create_app(
     app[api.API] = api.ApiDeps(components.queries, components.decide)
     _web_identity(app, settings)
     app[runbooks.RUNBOOKS] = runbooks.RunbookDeps(
-        components.db, components.rules, components.trigger
+        components.db, components.rules, components.trigger, components.select_nodes
     )
     app[http_audit.AUDIT] = http_audit.AuditDeps(
         db_audit.AuditQueries(components.db), settings.artifact_dir

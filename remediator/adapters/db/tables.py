@@ -267,3 +267,8 @@ AUDIT_INDEXES = (
     sa.Index("ix_steps_action", steps.c.action, steps.c.run_id),
     sa.Index("ix_approvals_principal", approvals.c.principal),
 )
+
+# Runs a principal acted on (migration 0004): the audit filter's subquery reads only the index.
+PRINCIPAL_INDEXES = (
+    sa.Index("ix_audit_events_actor_run", audit_events.c.actor, audit_events.c.run_id),
+)

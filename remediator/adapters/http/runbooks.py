@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -30,6 +31,13 @@ class TriggerBody(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
     node: str | None = pydantic.Field(
         default=None, pattern=NODE_NAME, description="Node the runbook acts on."
+    )
+    selector: str | None = pydantic.Field(
+        default=None,
+        max_length=1024,
+        pattern=r"^[A-Za-z0-9_./=!,() -]+$",
+        description="Label selector: start one run per matching GPU node (runbooks with a "
+        "`node` parameter).",
     )
     params: dict[str, Any] = pydantic.Field(
         default_factory=dict, description="Parameters declared by the playbook."
@@ -56,6 +64,7 @@ class RunbookDeps:
     db: database.Database
     rules: Any
     trigger: Callable[..., Awaitable[dict[str, Any]]]
+    select_nodes: Callable[[str], Awaitable[list[str]]]
 
 
 RUNBOOKS = web.AppKey("runbooks", RunbookDeps)
@@ -127,15 +136,40 @@ async def list_runbooks(request: web.Request) -> web.Response:
 async def trigger_runbook(request: web.Request) -> web.Response:
     principal = http_auth.require(request, auth.Permission.OPERATE)
     body: TriggerBody = await read_json(request, TriggerBody)
-    result = await start_runbook(
-        request,
-        principal,
-        name=request.match_info["playbook"],
-        node=body.node,
-        params=body.params,
-        dry_run=body.dryRun,
-    )
-    return web.json_response(result, status=201)
+    name = request.match_info["playbook"]
+    if body.selector is None:
+        result = await start_runbook(
+            request,
+            principal,
+            name=name,
+            node=body.node or _node_param(body.params),
+            params=body.params,
+            dry_run=body.dryRun,
+        )
+        return web.json_response(result, status=201)
+    if body.node is not None:
+        raise errors.ValidationFailed("give node or selector, not both")
+    nodes = await request.app[RUNBOOKS].select_nodes(body.selector)
+    if not nodes:
+        raise errors.ValidationFailed(f"no GPU node matches {body.selector!r}")
+    started = [
+        await start_runbook(
+            request,
+            principal,
+            name=name,
+            node=node,
+            params={**body.params, "node": node},
+            dry_run=body.dryRun,
+        )
+        for node in nodes
+    ]
+    return web.json_response({"selector": body.selector, "runs": started}, status=201)
+
+
+def _node_param(params: dict[str, Any]) -> str | None:
+    """A runbook's own `node` parameter names the node its run holds."""
+    node = params.get("node")
+    return node if isinstance(node, str) and re.fullmatch(NODE_NAME, node) else None
 
 
 async def start_runbook(
