@@ -192,11 +192,54 @@ class AuditQueries:
         return queries.paged(rows, limit, queries.event_json)
 
     async def runs(self, filters: Filters, *, limit: int, cursor: int | None) -> queries.Page:
+        if filters.principal is not None:
+            return await self._principal_runs(filters, limit=limit, cursor=cursor)
         query = sa.select(R).where(*run_conditions(filters)).order_by(R.c.id.desc())
         if cursor is not None:
             query = query.where(R.c.id < cursor)
         async with self.db.read("audit.runs") as conn:
             rows = list(await conn.execute(query.limit(limit + 1)))
+        return queries.paged(rows, limit, queries.run_json)
+
+    async def _principal_runs(
+        self, filters: Filters, *, limit: int, cursor: int | None, chunk: int = 500
+    ) -> queries.Page:
+        """Runs a principal triggered or acted on, newest first. The two sources are walked
+        down together in bounded keyset chunks (each from its own index) instead of one
+        ``OR``/``IN`` over every run the principal ever touched."""
+        principal = filters.principal
+        others = run_conditions(dataclasses.replace(filters, principal=None))
+        rows: list[Any] = []
+        upper = cursor
+        async with self.db.read("audit.runs.principal") as conn:
+            while len(rows) <= limit:
+                triggered = sa.select(R.c.id).where(R.c.principal == principal)
+                acted = (
+                    sa.select(A.c.run_id)
+                    .where(A.c.actor == principal, A.c.run_id.is_not(None))
+                    .distinct()
+                )
+                if upper is not None:
+                    triggered = triggered.where(R.c.id < upper)
+                    acted = acted.where(A.c.run_id < upper)
+                ids = {
+                    row[0]
+                    for row in await conn.execute(triggered.order_by(R.c.id.desc()).limit(chunk))
+                }
+                ids |= {
+                    row[0]
+                    for row in await conn.execute(acted.order_by(A.c.run_id.desc()).limit(chunk))
+                }
+                window = sorted(ids, reverse=True)[:chunk]
+                if not window:
+                    break
+                found = await conn.execute(
+                    sa.select(R).where(R.c.id.in_(window), *others).order_by(R.c.id.desc())
+                )
+                rows.extend(found)
+                upper = window[-1]
+                if len(window) < chunk:
+                    break
         return queries.paged(rows, limit, queries.run_json)
 
     async def stream_events(self, filters: Filters) -> AsyncIterator[list[dict[str, Any]]]:

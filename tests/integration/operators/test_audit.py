@@ -175,3 +175,58 @@ async def test_pending_approvals_show_the_alert_with_its_links(make_harness):
     link = item["alert"]["alertmanagerURL"]
     assert link.startswith("http://alertmanager.example:9093/#/alerts?")
     assert "alertname%3D%22GPUXidError79%22" in link
+
+
+MANUAL = """
+name: manual-note
+manual: true
+target: {require_node: false}
+parameters:
+  node: {type: string, required: true}
+steps:
+  - {id: note, action: test.record, params: {label: "{{ params.node }}"}}
+"""
+
+
+async def test_runs_a_principal_triggered_or_acted_on_page_newest_first(make_harness):
+    from remediator.adapters.db import audit as db_audit
+    from remediator.engine import lifecycle
+
+    h = await make_harness(MANUAL)
+    playbook = h.components.rules.index.get("manual-note")
+    ids = {}
+    for n, who in enumerate(["alice", "bob", "alice", "bob", "alice", "alice", "bob"]):
+        node = f"gpu-node-{n:02d}"
+        ids[node] = await h.store.run(
+            "t",
+            lambda tx, node=node, who=who: lifecycle.create_manual_run(
+                tx,
+                playbook,
+                h.components.registry,
+                params={"node": node},
+                node=node,
+                principal=who,
+                dry_run=False,
+            ),
+        )
+    # bob also acted on one of alice's runs (an audit event with him as the actor)
+    await h.store.run(
+        "t", lambda tx: tx.add_event("note", actor="bob", run_id=ids["gpu-node-04"], reason="x")
+    )
+    queries = db_audit.AuditQueries(h.components.db)
+    expected = sorted(
+        [ids[n] for n in ("gpu-node-01", "gpu-node-03", "gpu-node-04", "gpu-node-06")],
+        reverse=True,
+    )
+    seen, cursor = [], None
+    while True:
+        page = await queries._principal_runs(
+            db_audit.Filters(principal="bob"), limit=1, cursor=cursor, chunk=2
+        )
+        seen += [r["id"] for r in page.items]
+        if page.next_cursor is None:
+            break
+        cursor = int(page.next_cursor)
+    assert seen == expected
+    api = (await _get(h, "/api/v1/audit/runs", principal="bob", node="gpu-node-04"))["items"]
+    assert [r["id"] for r in api] == [ids["gpu-node-04"]]
