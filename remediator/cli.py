@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -60,6 +61,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"playbooks are invalid:\n{e}", file=sys.stderr)
         return 2
     host, port = settings.host_port
+    # Everything built so far (imported modules, the Kubernetes client's model classes, the
+    # app) lives for the whole process: move it out of the collector's way, so a full
+    # collection does not pause the webhook for ~100 ms while it walks 160,000 objects.
+    gc.collect()
+    gc.freeze()
     logger.info("listening on %s:%s", host, port, extra={"database": settings.is_sqlite})
     web.run_app(
         app,
