@@ -8,6 +8,7 @@ still as this run left it: whatever someone else changed since is left alone and
 
 from __future__ import annotations
 
+import abc
 from typing import Any, ClassVar
 
 import pydantic
@@ -182,13 +183,14 @@ class UnlabelParams(NodeParams):
     keys: list[validation.LabelKey] = pydantic.Field(min_length=1)
 
 
-class _LabelsBase:
+class _LabelsBase(abc.ABC):
     """Shared by node.label and node.unlabel: the wanted map, the write and its undo."""
 
     event_reason: ClassVar[str]
 
+    @abc.abstractmethod
     def wanted(self, params: Any) -> dict[str, str | None]:
-        raise NotImplementedError
+        """The labels to set (a value) or remove (``None``)."""
 
     async def _write(
         self, ctx: actions.ActionContext, params: NodeParams, wanted: dict[str, str | None]
