@@ -9,7 +9,9 @@ uses asyncpg with a small pool; claims there use ``FOR UPDATE SKIP LOCKED``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import heapq
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +37,53 @@ def normalise_url(url: str) -> str:
     return url
 
 
+class WriteLock:
+    """SQLite's single writer, shared fairly but with the webhook first.
+
+    Waiters marked ``urgent`` (intake commits, which Alertmanager is waiting on) are granted
+    the lock before any waiting engine transaction; among equals it is first come, first
+    served. Holding it never spans more than one transaction.
+    """
+
+    def __init__(self) -> None:
+        self._held = False
+        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = 0
+
+    @contextlib.asynccontextmanager
+    async def hold(self, *, urgent: bool = False) -> AsyncIterator[None]:
+        await self._acquire(0 if urgent else 1)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self, priority: int) -> None:
+        if not self._held and not self._waiting:
+            self._held = True
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._seq += 1
+        heapq.heappush(self._waiting, (priority, self._seq, future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self._release()  # granted just as we were cancelled: pass it on
+            else:
+                self._waiting = [w for w in self._waiting if w[2] is not future]
+                heapq.heapify(self._waiting)
+            raise
+
+    def _release(self) -> None:
+        while self._waiting:
+            _, _, future = heapq.heappop(self._waiting)
+            if not future.done():
+                future.set_result(None)  # ownership passes straight to the next waiter
+                return
+        self._held = False
+
+
 class Database:
     def __init__(
         self, url: str, *, echo: bool = False, pool_size: int = 10, timeout: float = 30.0
@@ -53,8 +102,11 @@ class Database:
             kwargs |= {"connect_args": {"timeout": timeout}}
         self.timeout = timeout
         self.engine = sa_async.create_async_engine(self.url, **kwargs)
-        self._write_lock = asyncio.Lock() if self.is_sqlite else None
+        self._write_lock = WriteLock() if self.is_sqlite else None
         self._sync_engine: sa.Engine | None = None
+        # One thread for SQLite writes: the writes are serialised anyway, and one thread keeps
+        # its connection (and the CPU's caches) instead of handing them between pool threads.
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sqlite-w")
         if self.is_sqlite:
             self._configure_sqlite(self.engine.sync_engine)
         self.latency_observer: Any = None
@@ -89,7 +141,7 @@ class Database:
     @contextlib.asynccontextmanager
     async def write(self, operation: str = "write") -> AsyncIterator[sa_async.AsyncConnection]:
         """A write transaction: committed on success, rolled back on error."""
-        lock = self._write_lock or contextlib.nullcontext()
+        lock = self._write_lock.hold() if self._write_lock else contextlib.nullcontext()
         started = time.perf_counter()
         async with lock, self._translated():
             conn = await self.engine.connect()
@@ -102,7 +154,9 @@ class Database:
                 await conn.close()
         self._observe(operation, started)
 
-    async def write_sync(self, operation: str, work: Callable[[sa.Connection], T]) -> T:
+    async def write_sync(
+        self, operation: str, work: Callable[[sa.Connection], T], *, urgent: bool = False
+    ) -> T:
         """Run ``work`` in one write transaction, as a single call into the database.
 
         On SQLite that call is one hop to a worker thread with a plain sqlite3 connection
@@ -115,8 +169,9 @@ class Database:
                 result: T = await conn.run_sync(work)
             return result
         assert self._write_lock is not None
-        async with self._write_lock, self._translated():
-            result = await asyncio.to_thread(self._run_sync_sqlite, work)
+        async with self._write_lock.hold(urgent=urgent), self._translated():
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(self._writer, self._run_sync_sqlite, work)
         self._observe(operation, started)
         return result
 
@@ -161,6 +216,7 @@ class Database:
         await self.engine.dispose()
         if self._sync_engine is not None:
             self._sync_engine.dispose()
+        self._writer.shutdown(wait=False)
 
 
 def _short(error: BaseException) -> str:

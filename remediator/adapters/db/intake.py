@@ -100,7 +100,9 @@ class IntakeWriter:
 
     async def _commit(self, batch: list[Delivery]) -> list[Stored]:
         now = self.clock()
-        return await self.db.write_sync("intake", lambda conn: self._write(conn, batch, now))
+        return await self.db.write_sync(
+            "intake", lambda conn: self._write(conn, batch, now), urgent=True
+        )
 
     def _write(self, conn: sa.Connection, batch: list[Delivery], now: dt.datetime) -> list[Stored]:
         delivery_rows = [
