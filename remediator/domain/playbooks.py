@@ -279,6 +279,3 @@ class PlaybookIndex:
 
     def __len__(self) -> int:
         return len(self.playbooks)
-
-
-Trigger = Literal["alert", "manual"]

@@ -195,11 +195,6 @@ class Queries:
                 "childRuns": [dict(row._mapping) for row in children],
             }
 
-    async def counts(self) -> dict[str, int]:
-        async with self.db.read("query.counts") as conn:
-            rows = await conn.execute(sa.select(R.c.status, sa.func.count()).group_by(R.c.status))
-            return {row[0]: int(row[1]) for row in rows}
-
 
 def approval_json(row: Any) -> dict[str, Any]:
     return {

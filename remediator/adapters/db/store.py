@@ -506,14 +506,6 @@ class SqlTx:
             event_data={"attempt": step.attempt + 1, "owner": owner},
         )
 
-    def claim_due_steps(
-        self, *, owner: str, lease_until: dt.datetime, limit: int
-    ) -> list[records.Step]:
-        return [
-            self.claim_step(step, owner=owner, lease_until=lease_until)
-            for step in self.lock_due_steps(limit)
-        ]
-
     def hold_step(self, step: records.Step, *, until: dt.datetime, reason: str) -> None:
         """Keep a due step waiting (a guard said no); the audit trail notes each new reason."""
         output = {**step.output, "held": reason, "held_until": until.isoformat()}
@@ -696,16 +688,6 @@ class SqlTx:
             .returning(L.c.key)
         )
         return (self.conn.execute(statement)).one_or_none() is not None
-
-    def lock_holder(self, key: str) -> int | None:
-        row = (
-            self.conn.execute(
-                sa.select(L.c.run_id).where(
-                    L.c.key == key, sa.or_(L.c.expires_at.is_(None), L.c.expires_at > self.now)
-                )
-            )
-        ).one_or_none()
-        return row.run_id if row else None
 
     def release_run_locks(self, run_id: int) -> None:
         """Release what a finished run held, except expiring locks (cooldowns run their time)."""

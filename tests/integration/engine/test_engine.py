@@ -148,7 +148,11 @@ async def test_an_expired_lease_is_swept_and_the_effect_is_not_applied_twice(mak
     await h.engine.advance_runs()
     # A worker claims the first step, applies its effect, then dies before recording it.
     [step] = await h.store.run(
-        "test", lambda tx: tx.claim_due_steps(owner="dead-worker", lease_until=clock.now, limit=1)
+        "test",
+        lambda tx: [
+            tx.claim_step(due, owner="dead-worker", lease_until=clock.now)
+            for due in tx.lock_due_steps(1)
+        ],
     )
     from tests.support import recording
 
