@@ -61,6 +61,12 @@ class IntakeWriter:
         self.max_batch = max_batch
         self.on_change = on_change
         self._queue: asyncio.Queue[tuple[Delivery, asyncio.Future[Stored]]] = asyncio.Queue()
+        # Built once: SQLAlchemy memoizes a statement's cache key and its compiled form on the
+        # object, so re-using it skips the construction and keying that dominated a small batch.
+        self._insert_deliveries = sa.insert(tables.deliveries).returning(
+            tables.deliveries.c.id, sort_by_parameter_order=True
+        )
+        self._upsert_episodes = self._upsert()
 
     async def store(self, delivery: Delivery) -> Stored:
         """Enqueue and wait until committed. Raises ``StoreUnavailable`` if it could not be."""
@@ -118,17 +124,12 @@ class IntakeWriter:
             }
             for d in batch
         ]
-        inserted = conn.execute(
-            sa.insert(tables.deliveries).returning(
-                tables.deliveries.c.id, sort_by_parameter_order=True
-            ),
-            delivery_rows,
-        )
+        inserted = conn.execute(self._insert_deliveries, delivery_rows)
         ids = [row.id for row in inserted]
         episodes, first_delivery = _merge_episodes(batch, ids, now)
         changed_keys: set[_Key] = set()
         if episodes:
-            result = conn.execute(self._upsert(), episodes)
+            result = conn.execute(self._upsert_episodes, episodes)
             changed_keys = {(row.fingerprint, row.starts_at) for row in result}
         return [
             Stored(

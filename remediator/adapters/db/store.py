@@ -28,6 +28,27 @@ AP = tables.approvals
 
 T = TypeVar("T")
 
+# Statements built once and executed with parameters: SQLAlchemy memoizes a statement's cache
+# key and compiled form on the object, so the per-call cost is binding, not building. (Update
+# statements take their SET columns from the parameter names; WHERE parameters are ``w_*``.)
+_INSERT_EVENT = sa.insert(A)
+_UPDATE_HEAD = sa.update(H).where(H.c.id == 1)
+_GET_RUN = sa.select(R).where(R.c.id == sa.bindparam("w_id"))
+_GET_STEP = sa.select(S).where(S.c.id == sa.bindparam("w_id"))
+_GET_EPISODE = sa.select(E).where(E.c.id == sa.bindparam("w_id"))
+_STEPS_OF_RUN = sa.select(S).where(S.c.run_id == sa.bindparam("w_run_id")).order_by(S.c.seq, S.c.id)
+_INSERT_STEPS = sa.insert(S)
+_TRANSITION_STEP = {
+    owner: sa.update(S)
+    .where(
+        S.c.id == sa.bindparam("w_id"),
+        S.c.status == sa.bindparam("w_status"),
+        *([S.c.lease_owner == sa.bindparam("w_owner")] if owner else []),
+    )
+    .returning(*S.c)
+    for owner in (False, True)
+}
+
 
 def episode_from_row(row: Any) -> records.Episode:
     return records.Episode(
@@ -166,7 +187,9 @@ class SqlStore:
                 # taking this one lock before any row lock keeps the chain linear and rules out
                 # lock-order deadlocks between replicas.
                 tx._head()
-            return work(tx)
+            result = work(tx)
+            tx.flush()
+            return result
 
         return await self.db.write_sync(operation, in_transaction)
 
@@ -192,6 +215,7 @@ class SqlTx:
         self.db = db
         self.now = now
         self._chain_head: tuple[int | None, str] | None = None
+        self._head_moved = False
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -235,13 +259,18 @@ class SqlTx:
         event_id = (last_id or 0) + 1
         digest = audit.chain_hash(last_hash, {**content, "id": event_id})
         self.conn.execute(
-            sa.insert(A).values(id=event_id, prev_hash=last_hash, hash=digest, **content)
-        )
-        self.conn.execute(
-            sa.update(H).where(H.c.id == 1).values(last_id=event_id, last_hash=digest)
+            _INSERT_EVENT, {"id": event_id, "prev_hash": last_hash, "hash": digest, **content}
         )
         self._chain_head = (event_id, digest)
+        self._head_moved = True
         return event_id
+
+    def flush(self) -> None:
+        """Write the chain head once per transaction (``SqlStore.run`` calls this last)."""
+        if self._head_moved and self._chain_head is not None:
+            last_id, last_hash = self._chain_head
+            self.conn.execute(_UPDATE_HEAD, {"last_id": last_id, "last_hash": last_hash})
+            self._head_moved = False
 
     def _head(self) -> tuple[int | None, str]:
         if self._chain_head is None:
@@ -270,7 +299,7 @@ class SqlTx:
         )
 
     def get_episode(self, episode_id: int) -> records.Episode | None:
-        row = (self.conn.execute(sa.select(E).where(E.c.id == episode_id))).one_or_none()
+        row = self.conn.execute(_GET_EPISODE, {"w_id": episode_id}).one_or_none()
         return episode_from_row(row) if row else None
 
     # -- runs and steps --------------------------------------------------------------------
@@ -306,7 +335,7 @@ class SqlTx:
         run_id = int(row.id)
         if new.steps:
             self.conn.execute(
-                sa.insert(S),
+                _INSERT_STEPS,
                 [
                     {
                         "run_id": run_id,
@@ -352,7 +381,7 @@ class SqlTx:
         return run_id
 
     def get_run(self, run_id: int) -> records.Run | None:
-        row = (self.conn.execute(sa.select(R).where(R.c.id == run_id))).one_or_none()
+        row = self.conn.execute(_GET_RUN, {"w_id": run_id}).one_or_none()
         return run_from_row(row) if row else None
 
     def runs_of_episode(self, episode_id: int) -> list[records.Run]:
@@ -360,11 +389,11 @@ class SqlTx:
         return [run_from_row(row) for row in self.conn.execute(query)]
 
     def steps_of_run(self, run_id: int) -> list[records.Step]:
-        query = sa.select(S).where(S.c.run_id == run_id).order_by(S.c.seq, S.c.id)
-        return [step_from_row(row) for row in self.conn.execute(query)]
+        rows = self.conn.execute(_STEPS_OF_RUN, {"w_run_id": run_id})
+        return [step_from_row(row) for row in rows]
 
     def get_step(self, step_id: int) -> records.Step | None:
-        row = (self.conn.execute(sa.select(S).where(S.c.id == step_id))).one_or_none()
+        row = self.conn.execute(_GET_STEP, {"w_id": step_id}).one_or_none()
         return step_from_row(row) if row else None
 
     def lock_pending_runs(self, limit: int) -> list[records.Run]:
@@ -424,16 +453,16 @@ class SqlTx:
         """Compare-and-set a step from its current status; ``Conflict`` if it moved meanwhile."""
         if to not in runs.STEP_TRANSITIONS[step.status] and to is not step.status:
             raise errors.Conflict(f"step {step.id}: {step.status.value} → {to.value} not allowed")
-        conditions = [S.c.id == step.id, S.c.status == step.status.value]
-        if expect_owner is not None:
-            conditions.append(S.c.lease_owner == expect_owner)
         update = {"status": to.value, **(values or {})}
         if to in runs.STEP_TERMINAL:
             update.setdefault("finished_at", self.now)
             update.setdefault("lease_owner", None)
             update.setdefault("lease_expires_at", None)
             update.setdefault("due_at", None)
-        result = self.conn.execute(sa.update(S).where(*conditions).values(**update).returning(*S.c))
+        where = {"w_id": step.id, "w_status": step.status.value}
+        if expect_owner is not None:
+            where["w_owner"] = expect_owner
+        result = self.conn.execute(_TRANSITION_STEP[expect_owner is not None], update | where)
         row = result.one_or_none()
         if row is None:
             raise errors.Conflict(f"step {step.id} is no longer {step.status.value}")
