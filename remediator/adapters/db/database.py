@@ -104,6 +104,7 @@ class Database:
         self.engine = sa_async.create_async_engine(self.url, **kwargs)
         self._write_lock = WriteLock() if self.is_sqlite else None
         self._sync_engine: sa.Engine | None = None
+        self._writer_conn: sa.Connection | None = None
         # One thread for SQLite writes: the writes are serialised anyway, and one thread keeps
         # its connection (and the CPU's caches) instead of handing them between pool threads.
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sqlite-w")
@@ -176,16 +177,34 @@ class Database:
         return result
 
     def _run_sync_sqlite(self, work: Callable[[sa.Connection], T]) -> T:
-        if self._sync_engine is None:
-            url = sa.engine.make_url(self.url).set(drivername="sqlite+pysqlite")
-            self._sync_engine = sa.create_engine(
-                url, connect_args={"timeout": self.timeout, "check_same_thread": False}
-            )
-            self._configure_sqlite(self._sync_engine)
-        with self._sync_engine.connect() as conn:
-            conn = conn.execution_options(sqlite_immediate=True)
+        # Runs on the writer thread only, which keeps one connection open for good: checking a
+        # connection out of a pool and back (with its reset) cost as much as a small intake
+        # transaction.
+        if self._writer_conn is None:
+            if self._sync_engine is None:
+                url = sa.engine.make_url(self.url).set(drivername="sqlite+pysqlite")
+                self._sync_engine = sa.create_engine(
+                    url,
+                    connect_args={"timeout": self.timeout, "check_same_thread": False},
+                    poolclass=sa.pool.NullPool,
+                )
+                self._configure_sqlite(self._sync_engine)
+            connection = self._sync_engine.connect()
+            self._writer_conn = connection.execution_options(sqlite_immediate=True)
+        conn = self._writer_conn
+        try:
             with conn.begin():
                 return work(conn)
+        except exc.DBAPIError:
+            if conn.invalidated or conn.closed:  # start the next transaction afresh
+                self._close_writer_conn()
+            raise
+
+    def _close_writer_conn(self) -> None:
+        if self._writer_conn is not None:
+            with contextlib.suppress(Exception):
+                self._writer_conn.close()
+            self._writer_conn = None
 
     @contextlib.asynccontextmanager
     async def read(self, operation: str = "read") -> AsyncIterator[sa_async.AsyncConnection]:
@@ -214,6 +233,11 @@ class Database:
 
     async def dispose(self) -> None:
         await self.engine.dispose()
+        if self._writer_conn is not None:
+            # On the writer thread, after whatever transaction it is running.
+            with contextlib.suppress(RuntimeError):  # the writer was already shut down
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self._writer, self._close_writer_conn)
         if self._sync_engine is not None:
             self._sync_engine.dispose()
         self._writer.shutdown(wait=False)

@@ -123,7 +123,7 @@ def _unhandled_episodes() -> Any:
     return sa.or_(E.c.handled_status.is_(None), E.c.handled_status != E.c.status)
 
 
-def _expired_leases(now: dt.datetime) -> Any:
+def _expired_leases(now: Any) -> Any:
     return sa.and_(S.c.status == runs.StepStatus.RUNNING.value, S.c.lease_expires_at < now)
 
 
@@ -150,7 +150,7 @@ def _advanceable_runs() -> Any:
     return sa.and_(R.c.status == runs.RunStatus.RUNNING.value, ~sa.exists(active_step))
 
 
-def _due_steps(now: dt.datetime) -> Any:
+def _due_steps(now: Any) -> Any:
     """Due pending steps of running runs. A resolved alert never starts a step of its run
     (unless the playbook says continue), even between storing the resolution and handling it."""
     resolved = sa.exists(
@@ -165,6 +165,17 @@ def _due_steps(now: dt.datetime) -> Any:
         R.c.status == runs.RunStatus.RUNNING.value,
         ~sa.and_(R.c.kind == runs.RunKind.ALERT.value, R.c.on_resolve != "continue", resolved),
     )
+
+
+_NOW = sa.bindparam("now", type_=tables.UTCDateTime())
+# What kinds of engine work exist, in one read (built once: the engine asks many times a second).
+_PROBE = sa.select(
+    sa.exists(sa.select(E.c.id).where(_unhandled_episodes())).label("episodes"),
+    sa.exists(sa.select(S.c.id).where(_expired_leases(_NOW))).label("expired"),
+    sa.exists(sa.select(R.c.id).where(_startable_runs())).label("startable"),
+    sa.exists(sa.select(R.c.id).where(_advanceable_runs())).label("advance"),
+    sa.exists(sa.select(S.c.id).join(R, R.c.id == S.c.run_id).where(_due_steps(_NOW))).label("due"),
+)
 
 
 class SqlStore:
@@ -194,18 +205,8 @@ class SqlStore:
         return await self.db.write_sync(operation, in_transaction)
 
     async def probe(self) -> records.Probe:
-        now = self.clock()
-        query = sa.select(
-            sa.exists(sa.select(E.c.id).where(_unhandled_episodes())).label("episodes"),
-            sa.exists(sa.select(S.c.id).where(_expired_leases(now))).label("expired"),
-            sa.exists(sa.select(R.c.id).where(_startable_runs())).label("startable"),
-            sa.exists(sa.select(R.c.id).where(_advanceable_runs())).label("advance"),
-            sa.exists(sa.select(S.c.id).join(R, R.c.id == S.c.run_id).where(_due_steps(now))).label(
-                "due"
-            ),
-        )
         async with self.db.read("probe") as conn:
-            row = (await conn.execute(query)).one()
+            row = (await conn.execute(_PROBE, {"now": self.clock()})).one()
         return records.Probe(**{key: bool(value) for key, value in row._mapping.items()})
 
 
