@@ -117,9 +117,11 @@ class Engine:
         index, registry, dry_run = self.rules.index, self.services.registry, self.settings.dry_run
 
         def work(tx: store.Tx) -> tuple[int, int]:
-            episodes = tx.lock_unhandled_episodes(self.settings.batch)
-            created = sum(
-                lifecycle.handle_episode(
+            handled = created = 0
+            for episode in tx.lock_unhandled_episodes(self.settings.batch):
+                if handled and tx.should_yield():
+                    break  # the rest stay unhandled for the next pass
+                created += lifecycle.handle_episode(
                     tx,
                     episode,
                     index=index,
@@ -127,9 +129,8 @@ class Engine:
                     dry_run=dry_run,
                     guard_base=self.settings.guards,
                 )
-                for episode in episodes
-            )
-            return len(episodes), created
+                handled += 1
+            return handled, created
 
         handled, created = await self.services.store.run("episodes", work)
         if created:
@@ -141,7 +142,9 @@ class Engine:
 
         def work(tx: store.Tx) -> bool:
             started = False
-            for run in tx.lock_pending_runs(self.settings.batch):
+            for n, run in enumerate(tx.lock_pending_runs(self.settings.batch)):
+                if n and tx.should_yield():
+                    return True  # come back for the rest
                 playbook = index.get(run.playbook)
                 concurrency = playbook.concurrency if playbook else 1
                 started |= lifecycle.start_run(tx, run, concurrency=concurrency)
@@ -151,8 +154,13 @@ class Engine:
 
     async def advance_runs(self) -> bool:
         def work(tx: store.Tx) -> tuple[bool, list[tuple[str, str]]]:
+            finished = []
             candidates = tx.active_runs_with_no_active_step(self.settings.batch)
-            finished = [done for run in candidates if (done := lifecycle.advance_run(tx, run))]
+            for n, run in enumerate(candidates):
+                if n and tx.should_yield():
+                    break
+                if done := lifecycle.advance_run(tx, run):
+                    finished.append(done)
             return bool(candidates), finished
 
         busy, finished = await self.services.store.run("advance", work)
@@ -176,7 +184,9 @@ class Engine:
         def work(tx: store.Tx) -> tuple[list[records.Step], dt.datetime, list[str]]:
             until = lifecycle.lease_until(tx.now, self.settings.lease_seconds)
             claimed = []
-            for step in tx.lock_due_steps(room):
+            for n, step in enumerate(tx.lock_due_steps(room)):
+                if n and tx.should_yield():
+                    break  # still due: the next pass claims it
                 if gate.admit(tx, step):
                     claimed.append(tx.claim_step(step, owner=self.owner, lease_until=until))
             return claimed, tx.now, gate.tripped

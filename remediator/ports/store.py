@@ -22,6 +22,11 @@ T = TypeVar("T")
 class Tx(Protocol):
     now: dt.datetime
 
+    def should_yield(self) -> bool:
+        """Whether a more urgent writer waits for this transaction (SQLite's single writer):
+        a batch loop then commits what it has done and leaves the rest for the next pass."""
+        ...
+
     def add_event(
         self,
         kind: str,

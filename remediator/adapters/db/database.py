@@ -49,6 +49,8 @@ class WriteLock:
         self._held = False
         self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = 0
+        # Read by the holder's thread to cut a batch short; a plain int, changed on the loop.
+        self.urgent_waiting = 0
 
     @contextlib.asynccontextmanager
     async def hold(self, *, urgent: bool = False) -> AsyncIterator[None]:
@@ -65,6 +67,8 @@ class WriteLock:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._seq += 1
         heapq.heappush(self._waiting, (priority, self._seq, future))
+        urgent = priority == 0
+        self.urgent_waiting += urgent
         try:
             await future
         except asyncio.CancelledError:
@@ -74,6 +78,8 @@ class WriteLock:
                 self._waiting = [w for w in self._waiting if w[2] is not future]
                 heapq.heapify(self._waiting)
             raise
+        finally:
+            self.urgent_waiting -= urgent
 
     def _release(self) -> None:
         while self._waiting:
@@ -111,6 +117,10 @@ class Database:
         if self.is_sqlite:
             self._configure_sqlite(self.engine.sync_engine)
         self.latency_observer: Any = None
+
+    def writers_waiting(self) -> bool:
+        """Whether an urgent writer (the webhook) waits for the current write transaction."""
+        return self._write_lock is not None and self._write_lock.urgent_waiting > 0
 
     @property
     def is_sqlite(self) -> bool:

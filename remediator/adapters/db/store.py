@@ -266,6 +266,9 @@ class SqlTx:
         self._head_moved = True
         return event_id
 
+    def should_yield(self) -> bool:
+        return self.db.writers_waiting()
+
     def flush(self) -> None:
         """Write the chain head once per transaction (``SqlStore.run`` calls this last)."""
         if self._head_moved and self._chain_head is not None:

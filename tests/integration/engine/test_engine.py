@@ -491,3 +491,27 @@ async def test_a_cooldown_per_gpu_lets_another_gpu_of_the_node_through(make_harn
         await h.settle()
         clock.advance(60)
     assert sorted(applied(h)) == ["GPU-0", "GPU-1"]
+
+
+async def test_an_engine_batch_gives_way_to_a_waiting_webhook_commit(make_harness):
+    h = await make_harness(TWO_STEPS)
+    for node in ("gpu-node-01", "gpu-node-02", "gpu-node-03"):
+        await h.post(alert_body(node=node))
+    db = h.store.db
+    lock = db._write_lock
+    if lock is not None:
+        lock.urgent_waiting += 1  # as while a webhook commit waits for SQLite's one writer
+    try:
+        assert await h.engine.handle_episodes()
+        created_first = len(await h.runs())
+    finally:
+        if lock is not None:
+            lock.urgent_waiting -= 1
+    if db.is_sqlite:
+        # One episode per transaction while the webhook waits; the rest on later passes.
+        assert created_first == 1
+        assert await h.engine.handle_episodes()
+        assert len(await h.runs()) == 3
+    else:
+        assert created_first == 3  # Postgres writers do not queue behind each other
+    assert not await h.engine.handle_episodes()

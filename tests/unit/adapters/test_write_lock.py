@@ -26,3 +26,27 @@ async def test_the_write_lock_serves_urgent_waiters_first_and_survives_cancellat
     async with lock.hold():  # free again
         order.append("after")
     assert order[-1] == "after"
+
+
+async def test_the_write_lock_counts_urgent_waiters_for_the_holder_to_see():
+    import asyncio
+
+    from remediator.adapters.db import database
+
+    lock = database.WriteLock()
+    seen = []
+
+    async def take(urgent):
+        async with lock.hold(urgent=urgent):
+            seen.append(lock.urgent_waiting)
+
+    async with lock.hold():
+        tasks = [asyncio.create_task(take(urgent)) for urgent in (False, True, True)]
+        await asyncio.sleep(0)
+        assert lock.urgent_waiting == 2
+        tasks[2].cancel()
+        await asyncio.sleep(0)
+        assert lock.urgent_waiting == 1
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert seen == [0, 0]  # the urgent one went first; nobody waits once it holds the lock
+    assert lock.urgent_waiting == 0
