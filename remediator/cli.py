@@ -66,8 +66,6 @@ def _serve(args: argparse.Namespace) -> int:
     # collection does not pause the webhook for ~100 ms while it walks 160,000 objects.
     gc.collect()
     gc.freeze()
-    if os.environ.get("X_SWITCH"):
-        sys.setswitchinterval(float(os.environ["X_SWITCH"]))
     logger.info("listening on %s:%s", host, port, extra={"database": settings.is_sqlite})
     web.run_app(
         app,
