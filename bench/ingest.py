@@ -1,13 +1,13 @@
 """Benchmark: webhook intake of ``remediator serve`` against a bare durable-insert server.
 
-    python -m bench.ingest [--concurrency 32] [--duration 10]
+    python -m bench.ingest [--concurrency 32] [--duration 10] [--new-fraction 0.03] [--rate N]
 
 Both servers run as their own processes on SQLite in a temporary directory. Deliveries are the
 real Alertmanager 0.25 bodies, made realistic: mostly repeats of firing alerts (what
 Alertmanager sends every group/repeat interval), some new episodes, some resolutions. Phase 1
 (closed loop, fixed concurrency, fixed duration) measures the highest rate; phase 2 offers half
-of the bare server's rate (open loop) and measures latency. Prints deliveries/s, p50/p99 and
-the ratio.
+of the bare server's rate (open loop; ``--rate`` offers a fixed rate instead) and measures
+latency. Prints deliveries/s, p50/p99 and the ratio.
 """
 
 from __future__ import annotations
@@ -69,11 +69,43 @@ def deliveries(seed: int = 7, new_fraction: float | None = None) -> Iterator[byt
 
 
 @contextlib.contextmanager
-def server(kind: str, parent: pathlib.Path) -> Iterator[str]:
-    """A server of ``kind`` on a fresh database."""
+def fresh_postgres(server_url: str) -> Iterator[str]:
+    """A new, migrated database on the Postgres server at ``server_url``; dropped afterwards."""
+    import asyncpg
+
+    name = f"remediator_bench_{os.getpid()}_{int(time.time())}"
+
+    async def admin(statement: str) -> None:
+        conn = await asyncpg.connect(server_url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    url = f"{server_url.rstrip('/')}/{name}"
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "remediator", "migrate", "--database-url", url],
+            cwd=ROOT,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        yield url
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@contextlib.contextmanager
+def server(kind: str, parent: pathlib.Path, postgres: str | None = None) -> Iterator[str]:
+    """A server of ``kind`` on a fresh database (remediator on Postgres if given a server)."""
     workdir = pathlib.Path(tempfile.mkdtemp(dir=parent))
     port = _port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    stack = contextlib.ExitStack()
+    database_url = f"sqlite+aiosqlite:///{workdir / 'remediator.db'}"
+    if kind == "remediator" and postgres:
+        database_url = stack.enter_context(fresh_postgres(postgres))
     if kind == "bare":
         argv = [sys.executable, "-m", "bench.bare_server", str(workdir / "bare.db"), str(port)]
     else:
@@ -85,7 +117,7 @@ def server(kind: str, parent: pathlib.Path) -> Iterator[str]:
             "--listen",
             f"127.0.0.1:{port}",
             "--database-url",
-            f"sqlite+aiosqlite:///{workdir / 'remediator.db'}",
+            database_url,
             "--rules",
             str(ROOT / "rules"),
         ]
@@ -111,6 +143,7 @@ def server(kind: str, parent: pathlib.Path) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(30)
+        stack.close()
 
 
 async def closed_loop(
@@ -180,11 +213,23 @@ def main() -> None:
         default=NEW_FRACTION,
         help="share of deliveries that start a new alert episode (default 0.03)",
     )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="deliveries/s offered in phase 2 (default: half of the bare server's rate)",
+    )
+    parser.add_argument(
+        "--postgres",
+        metavar="URL",
+        help="run remediator on a fresh database on this Postgres server "
+        "(e.g. postgresql://postgres@127.0.0.1:5432); the bare server stays on SQLite",
+    )
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("bare", "remediator"):
-            with server(kind, pathlib.Path(tmp)) as url:
+            with server(kind, pathlib.Path(tmp), args.postgres) as url:
                 asyncio.run(closed_loop(url, args.concurrency, 1.0))  # warm-up
                 done, lat = asyncio.run(
                     closed_loop(url, args.concurrency, args.duration, args.new_fraction)
@@ -194,24 +239,23 @@ def main() -> None:
                     "p50": pct(lat, 50),
                     "p99": pct(lat, 99),
                 }
-        half = results["bare"]["rate"] / 2
+        half = args.rate or results["bare"]["rate"] / 2
         for kind in ("bare", "remediator"):
-            with server(kind, pathlib.Path(tmp)) as url:
+            with server(kind, pathlib.Path(tmp), args.postgres) as url:
                 lat = asyncio.run(open_loop(url, half, args.duration, args.new_fraction))
                 results[kind] |= {"half_p50": pct(lat, 50), "half_p99": pct(lat, 99)}
     print(
         f"concurrency {args.concurrency}, {args.duration:g}s per phase, "
         f"{args.new_fraction:.0%} new episodes, "
         f"{os.cpu_count()} CPUs, SQLite WAL synchronous=FULL"
+        + (", remediator on PostgreSQL" if args.postgres else "")
     )
-    print(
-        f"{'server':<12}{'deliveries/s':>14}{'p50 ms':>9}{'p99 ms':>9}"
-        f"{'  at half load (' + format(half, '.0f') + '/s): p50 ms':>36}{'p99 ms':>9}"
-    )
+    load = f"  at {'fixed' if args.rate else 'half'} load ({half:.0f}/s): p50 ms"
+    print(f"{'server':<12}{'deliveries/s':>14}{'p50 ms':>9}{'p99 ms':>9}{load:>37}{'p99 ms':>9}")
     for kind, r in results.items():
         print(
             f"{kind:<12}{r['rate']:>14.0f}{r['p50']:>9.1f}{r['p99']:>9.1f}"
-            f"{r['half_p50']:>36.1f}{r['half_p99']:>9.1f}"
+            f"{r['half_p50']:>37.1f}{r['half_p99']:>9.1f}"
         )
     print(f"ratio remediator/bare: {results['remediator']['rate'] / results['bare']['rate']:.2f}")
 
