@@ -220,13 +220,15 @@ class OperatorPodsParams(validation.Model):
 
 
 class OperatorPodsAction(actions.Action[OperatorPodsParams]):
-    """Pods of the GPU Operator on the node are Running (or Succeeded, for validators).
+    """Pods of the GPU Operator on the node are Running and Ready (or Succeeded, for
+    validators): a driver container that runs but has not passed its readiness probe has not
+    loaded the driver yet.
 
     Not ready yet is a temporary failure, so the step's retries wait for them to start.
     """
 
     name: ClassVar[str] = "node.check_operator_pods"
-    description: ClassVar[str] = "Confirm the GPU Operator's pods on the node are running."
+    description: ClassVar[str] = "Confirm the GPU Operator's pods on the node run and are ready."
     params_model = OperatorPodsParams
 
     async def check(self, ctx: actions.ActionContext, params: OperatorPodsParams) -> actions.Check:
@@ -243,11 +245,7 @@ class OperatorPodsAction(actions.Action[OperatorPodsParams]):
                 label_selector=params.selector or "",
             )
         phases = {p.key: p.phase for p in sorted(pods, key=lambda p: p.key)}
-        waiting = {
-            p.key: "terminating" if p.deletion_timestamp else p.phase
-            for p in pods
-            if p.phase not in RUNNING_PHASES or p.deletion_timestamp is not None
-        }
+        waiting = {p.key: why for p in pods if (why := _not_running(p))}
         output: dict[str, Any] = {
             "node": node.name,
             "namespace": namespace,
@@ -270,7 +268,18 @@ class OperatorPodsAction(actions.Action[OperatorPodsParams]):
 
     def describe(self, params: OperatorPodsParams) -> str:
         where = params.namespace or "the driver namespace"
-        return f"check pods of {where} on {params.node or '(alert node)'} are running"
+        return f"check pods of {where} on {params.node or '(alert node)'} are running and ready"
+
+
+def _not_running(pod: port.PodInfo) -> str | None:
+    """Why ``pod`` does not count as up, or ``None`` if it does."""
+    if pod.deletion_timestamp is not None:
+        return "terminating"
+    if pod.phase not in RUNNING_PHASES:
+        return pod.phase
+    if pod.phase == "Running" and not pod.ready:
+        return "Running, not ready"
+    return None
 
 
 # ---- gpu.health_report -----------------------------------------------------------------

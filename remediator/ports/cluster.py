@@ -154,6 +154,8 @@ class PodInfo:
     termination_grace_period_seconds: int | None
     deletion_timestamp: dt.datetime | None = None
     resource_version: str = ""
+    ready: bool = False
+    """The pod's ``Ready`` condition is ``True`` (every container passes its readiness probe)."""
 
     @property
     def key(self) -> str:

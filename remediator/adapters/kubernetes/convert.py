@@ -82,6 +82,10 @@ def pod(obj: Obj) -> port.PodInfo:
         termination_grace_period_seconds=int(grace) if grace is not None else None,
         deletion_timestamp=_time(meta.get("deletionTimestamp")),
         resource_version=str(meta.get("resourceVersion") or ""),
+        ready=any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        ),
     )
 
 

@@ -119,6 +119,40 @@ async def test_return_to_service_waits_for_the_gpu_operator_pods_to_run(
     assert step(detail, "operator-pods")["attempt"] == 2
 
 
+async def test_return_to_service_waits_for_a_running_driver_pod_to_become_ready(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, clock: Any
+) -> None:
+    node = "gpu-node-04"
+
+    def ready(value: bool) -> Any:
+        def set_ready(pod: dict[str, Any]) -> None:
+            for condition in pod["status"]["conditions"]:
+                if condition["type"] in ("Ready", "ContainersReady"):
+                    condition["status"] = "True" if value else "False"
+
+        return set_ready
+
+    sim.store.mutate("nodes", "", node, lambda obj: obj["spec"].update(unschedulable=True))
+    driver = next(
+        p["metadata"]["name"]
+        for p in sim.pods(node=node, namespace="gpu-operator")
+        if p["metadata"]["labels"].get("app") == "nvidia-driver-daemonset"
+    )
+    sim.store.mutate("pods", "gpu-operator", driver, ready(False))  # running, probe failing
+    h = await gpu_harness()
+    run_id = await trigger(h, "return-node-to-service", {"node": node}, node)
+    detail = await h.run_detail(run_id)
+    waiting = step(detail, "operator-pods")
+    assert waiting["status"] == "pending", statuses(detail)
+    assert f"gpu-operator/{driver} (Running, not ready)" in waiting["error"]
+
+    sim.store.mutate("pods", "gpu-operator", driver, ready(True))
+    clock.advance(60)
+    await h.settle()
+    detail = await h.run_detail(run_id)
+    assert detail["status"] == "succeeded", statuses(detail)
+
+
 def test_health_rows_are_parsed_by_position_and_unreadable_counters_are_not_zero() -> None:
     text = (
         "0, GPU-a, 00000000:18:00.0, NVIDIA H100 80GB HBM3, 41, 97, 71230, 81559, 0, 0, 3, "
