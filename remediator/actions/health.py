@@ -293,8 +293,9 @@ class Thresholds(validation.Model):
     utilization_low: float = 30.0
     memory_high_percent: float = 95.0
     held_memory_mib: float = pydantic.Field(1024.0, ge=0)
-    """A GPU with more framebuffer in use than this is held by a process: pod-to-GPU
-    allocation is not visible through the API server, so memory in use stands in for it."""
+    """A GPU with more framebuffer in use than this has a process on it. The API server tells
+    how many GPUs a node's pods were allocated, not which ones: when pods hold some but not all
+    of a node's GPUs, memory in use says which of them a pod holds."""
 
 
 class HealthReportParams(validation.Model):
@@ -313,8 +314,8 @@ class HealthReportParams(validation.Model):
 SEVERITY = {"ok": 0, "warning": 1, "critical": 2}
 
 
-def gpu_flags(g: GpuHealth, t: Thresholds) -> list[tuple[str, str]]:
-    """(severity, finding) for one GPU."""
+def gpu_flags(g: GpuHealth, t: Thresholds, *, held: bool) -> list[tuple[str, str]]:
+    """(severity, finding) for one GPU; ``held``: a pod holds it (see ``is_held``)."""
     flags: list[tuple[str, str]] = []
     if g.temperature is not None and g.temperature > t.temperature_critical:
         flags.append(("critical", f"temperature {g.temperature:g}C > {t.temperature_critical:g}C"))
@@ -322,7 +323,6 @@ def gpu_flags(g: GpuHealth, t: Thresholds) -> list[tuple[str, str]]:
         flags.append(("warning", f"temperature {g.temperature:g}C > {t.temperature_warning:g}C"))
     if g.ecc_uncorrected_volatile:
         flags.append(("critical", f"{g.ecc_uncorrected_volatile} uncorrectable ECC errors"))
-    held = g.memory_used is not None and g.memory_used > t.held_memory_mib
     if held and g.utilization is not None and g.utilization < t.utilization_low:
         flags.append(("warning", f"utilization {g.utilization:g}% < {t.utilization_low:g}% (held)"))
     percent = g.memory_percent
@@ -331,8 +331,41 @@ def gpu_flags(g: GpuHealth, t: Thresholds) -> list[tuple[str, str]]:
     return flags
 
 
-def gpu_report(g: GpuHealth, t: Thresholds) -> dict[str, Any]:
-    flags = gpu_flags(g, t)
+def in_use(g: GpuHealth, t: Thresholds) -> bool:
+    """Something runs on it: busy above the low-utilization mark, or memory in use."""
+    busy = g.utilization is not None and g.utilization >= t.utilization_low
+    return busy or (g.memory_used is not None and g.memory_used > t.held_memory_mib)
+
+
+def is_held(g: GpuHealth, t: Thresholds, *, allocated: int | None, gpus: int) -> bool:
+    """Whether a pod holds this GPU, given ``allocated`` of the node's ``gpus`` GPUs are
+    allocated to pods (``None``: unknown, and memory in use is the only sign)."""
+    with_memory = g.memory_used is not None and g.memory_used > t.held_memory_mib
+    if allocated is None:
+        return with_memory
+    return allocated > 0 and (allocated >= gpus or with_memory)
+
+
+def node_flags(
+    gpus: list[GpuHealth], t: Thresholds, *, allocated: int | None
+) -> list[tuple[str, str]]:
+    """Node findings: pods hold more GPUs than show any use (held and idle, no process)."""
+    if allocated is None:
+        return []
+    used = sum(in_use(g, t) for g in gpus)
+    if allocated > used:
+        return [
+            (
+                "warning",
+                f"{allocated} GPUs allocated to pods, {used} in use "
+                f"(utilization >= {t.utilization_low:g}% or memory in use)",
+            )
+        ]
+    return []
+
+
+def gpu_report(g: GpuHealth, t: Thresholds, *, held: bool) -> dict[str, Any]:
+    flags = gpu_flags(g, t, held=held)
     worst = max((SEVERITY[s] for s, _ in flags), default=0)
     return {
         "index": g.index,
@@ -404,19 +437,49 @@ class HealthReportAction(actions.Action[HealthReportParams]):
             _, driver = await gpu.find_driver(ctx, driver_params)
             gpus, lost, exit_code = await query_health(ctx, driver, params.exec_timeout_seconds)
         except errors.ActionFailed as e:
-            return {"node": name, "severity": "critical", "error": str(e), "gpus": [], "lost": []}
-        rows = [gpu_report(g, params.thresholds) for g in gpus]
-        worst = max([SEVERITY[r["severity"]] for r in rows] + [2 if lost else 0])
+            return {
+                "node": name,
+                "severity": "critical",
+                "error": str(e),
+                "gpus": [],
+                "lost": [],
+                "flags": [],
+            }
+        allocated, pods_error = await _allocated_gpus(ctx, name)
+        t = params.thresholds
+        count = len(gpus) + len(lost)
+        rows = [gpu_report(g, t, held=is_held(g, t, allocated=allocated, gpus=count)) for g in gpus]
+        flags = node_flags(gpus, t, allocated=allocated)
+        worst = max(
+            [SEVERITY[r["severity"]] for r in rows]
+            + [SEVERITY[s] for s, _ in flags]
+            + [2 if lost else 0]
+        )
         return {
             "node": name,
             "severity": next(k for k, v in SEVERITY.items() if v == worst),
             "exit_code": exit_code,
+            "gpus_allocated": allocated,
+            **({"pods_error": pods_error} if pods_error else {}),
             "gpus": rows,
             "lost": lost,
+            "flags": [f"{s}: {text}" for s, text in flags],
         }
 
     def describe(self, params: HealthReportParams) -> str:
         return f"GPU health report of nodes matching {params.node_selector or '(GPU nodes)'}"
+
+
+async def _allocated_gpus(ctx: actions.ActionContext, node: str) -> tuple[int | None, str]:
+    """GPUs allocated to the node's live pods, or ``None`` and why they cannot be listed (a
+    report with one unknown beats no report)."""
+    cluster = ctx.require_cluster()
+    try:
+        pods = await cluster.list_pods(field_selector=f"spec.nodeName={node}")
+    except port.ClusterError as e:
+        return None, f"cannot list pods on {node}: {e}"
+    live = [p for p in pods if p.phase not in ("Succeeded", "Failed") and not p.deletion_timestamp]
+    return sum(p.gpu_requests for p in live), ""
 
 
 def _summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
@@ -426,6 +489,10 @@ def _summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
         if report.get("error"):
             findings.append(f"critical: {report['node']}: {report['error']}")
         findings += [f"critical: {report['node']}: GPU {bus} is lost" for bus in report["lost"]]
+        findings += [
+            f"{flag.split(': ', 1)[0]}: {report['node']}: {flag.split(': ', 1)[1]}"
+            for flag in report["flags"]
+        ]
         for row in report["gpus"]:
             counts[row["severity"]] += 1
             findings += [

@@ -156,6 +156,8 @@ class PodInfo:
     resource_version: str = ""
     ready: bool = False
     """The pod's ``Ready`` condition is ``True`` (every container passes its readiness probe)."""
+    gpu_requests: int = 0
+    """GPUs (``nvidia.com/gpu``) its containers are allocated, from their limits."""
 
     @property
     def key(self) -> str:

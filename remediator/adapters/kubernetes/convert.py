@@ -86,7 +86,22 @@ def pod(obj: Obj) -> port.PodInfo:
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in status.get("conditions") or []
         ),
+        gpu_requests=sum(_gpus(c) for c in spec.get("containers") or []),
     )
+
+
+def _gpus(container: Obj) -> int:
+    """``nvidia.com/gpu`` of a container: extended resources are set as limits (requests, if
+    given, must equal them)."""
+    resources = container.get("resources") or {}
+    for key in ("limits", "requests"):
+        value = (resources.get(key) or {}).get("nvidia.com/gpu")
+        if value is not None:
+            try:
+                return int(str(value))
+            except ValueError:
+                return 0
+    return 0
 
 
 def pdb(obj: Obj) -> port.PdbInfo:

@@ -3,6 +3,7 @@ Operator's pods; plus the report's parsing and flagging rules."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -50,6 +51,14 @@ async def test_fleet_health_sweep_reports_every_gpu_and_flags_the_seed_threshold
     assert gpu("gpu-node-04", 6)["flags"] == ["critical: 1 uncorrectable ECC errors"]
     assert "warning: memory 98% > 95%" in gpu("gpu-node-04", 7)["flags"]
     assert gpu("gpu-node-02", 2)["flags"] == ["warning: utilization 12% < 30% (held)"]
+    assert nodes["gpu-node-02"]["gpus_allocated"] == 1  # vLLM's one GPU: the busy one
+    assert nodes["gpu-node-02"]["flags"] == []
+    # Fine-tuning (2) and vLLM (1) hold three of gpu-node-04's GPUs; only GPU 7 shows any use.
+    assert nodes["gpu-node-04"]["gpus_allocated"] == 3
+    assert nodes["gpu-node-04"]["flags"] == [
+        "warning: 3 GPUs allocated to pods, 1 in use (utilization >= 30% or memory in use)"
+    ]
+    assert any("gpu-node-04: 3 GPUs allocated to pods" in f for f in summary["findings"])
     assert gpu("gpu-node-03", 0)["severity"] == "ok"
     assert gpu("gpu-node-01", 0)["temperature_c"] == 92
     assert gpu("gpu-node-01", 0)["power_limit_w"] == 700
@@ -194,7 +203,49 @@ def test_an_idle_gpu_nobody_holds_is_not_flagged_as_waste() -> None:
         power_limit=700,
         power_default_limit=700,
     )
-    assert health.gpu_flags(idle, health.Thresholds()) == []
+    t = health.Thresholds()
+    # No pod on the node asks for a GPU: idle is not waste, whatever its memory says.
+    assert not health.is_held(idle, t, allocated=0, gpus=8)
+    assert health.gpu_flags(idle, t, held=False) == []
+    assert health.node_flags([idle], t, allocated=0) == []
+
+
+def test_which_gpus_count_as_held_and_idle() -> None:
+    idle = health.GpuHealth(
+        index=0,
+        uuid="GPU-a",
+        pci_bus_id="00000000:18:00.0",
+        name="H100",
+        temperature=35,
+        utilization=3,
+        memory_used=0,
+        memory_total=81559,
+        ecc_uncorrected_volatile=0,
+        ecc_uncorrected_aggregate=0,
+        ecc_corrected_volatile=0,
+        power_draw=70,
+        power_limit=700,
+        power_default_limit=700,
+    )
+    loaded = dataclasses.replace(idle, index=1, uuid="GPU-b", memory_used=40000)
+    busy = dataclasses.replace(idle, index=2, uuid="GPU-c", utilization=90, memory_used=70000)
+    t = health.Thresholds()
+    # Pods hold every GPU of the node: an idle one is held even with no process on it.
+    assert health.is_held(idle, t, allocated=8, gpus=8)
+    assert health.gpu_flags(idle, t, held=True) == [("warning", "utilization 3% < 30% (held)")]
+    # Pods hold some: memory in use says which; pods hold none: nothing is held.
+    assert health.is_held(loaded, t, allocated=2, gpus=8)
+    assert not health.is_held(idle, t, allocated=2, gpus=8)
+    assert not health.is_held(loaded, t, allocated=0, gpus=8)
+    # Pods could not be listed: memory in use is the only sign left.
+    assert health.is_held(loaded, t, allocated=None, gpus=8)
+    assert not health.is_held(idle, t, allocated=None, gpus=8)
+    # More GPUs allocated than show any use: held with nothing running.
+    assert health.node_flags([idle, loaded, busy], t, allocated=3) == [
+        ("warning", "3 GPUs allocated to pods, 2 in use (utilization >= 30% or memory in use)")
+    ]
+    assert health.node_flags([idle, loaded, busy], t, allocated=2) == []
+    assert health.node_flags([idle], t, allocated=None) == []
 
 
 def test_new_action_params_forbid_unknown_fields() -> None:
