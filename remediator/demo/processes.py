@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import dataclasses
 import hashlib
 import os
@@ -13,7 +15,7 @@ import secrets
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import yaml
@@ -105,6 +107,24 @@ async def simulator(workdir: pathlib.Path) -> AsyncIterator[Sim]:
         await runner.cleanup()
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _exit_with_parent(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has Linux send SIGTERM to the child when the demo dies, even by
+    SIGKILL (no ``finally`` runs then); elsewhere ``None`` and the ``finally`` is all there is."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the demo died before the line above took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind((LOOPBACK, 0))
@@ -169,6 +189,7 @@ async def server(
             stdin=asyncio.subprocess.DEVNULL,
             stdout=out,
             stderr=asyncio.subprocess.STDOUT,
+            preexec_fn=_exit_with_parent(os.getpid()),
         )
     running = Server(f"http://{LOOPBACK}:{port}", log, workdir / "artifacts", process)
     try:

@@ -3,9 +3,11 @@ stdin, no colours; it must finish the scenario, tell the whole story and leave n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -122,3 +124,54 @@ def test_demo_leaves_nothing_behind(
     assert not _listening(server.group(1))
     assert not _listening(sim.group(1))
     assert not pathlib.Path(workdir.group(1)).exists()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_killed_demo_takes_its_server_with_it() -> None:
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "remediator", "demo", "--color", "never"],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not children and time.monotonic() < deadline:
+            children = _children(demo.pid)
+            time.sleep(0.1)
+        assert children, "the demo started no server"
+        demo.kill()  # no finally, no atexit: only the kernel can tell the server
+        demo.wait()
+        deadline = time.monotonic() + 20
+        while any(_alive(child) for child in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(child) for child in children)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        for child in children:  # leave nothing behind, whatever the outcome
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
