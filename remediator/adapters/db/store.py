@@ -38,6 +38,44 @@ _GET_STEP = sa.select(S).where(S.c.id == sa.bindparam("w_id"))
 _GET_EPISODE = sa.select(E).where(E.c.id == sa.bindparam("w_id"))
 _STEPS_OF_RUN = sa.select(S).where(S.c.run_id == sa.bindparam("w_run_id")).order_by(S.c.seq, S.c.id)
 _INSERT_STEPS = sa.insert(S)
+_TRANSITION_RUN = (
+    sa.update(R)
+    .where(
+        R.c.id == sa.bindparam("w_id"),
+        R.c.status.in_(sa.bindparam("w_sources", expanding=True)),
+    )
+    .returning(*R.c)
+)
+_MARK_HANDLED = sa.update(E).where(E.c.id == sa.bindparam("w_id"))
+_COUNT_NODE_RUNS = (
+    sa.select(sa.func.count())
+    .select_from(R)
+    .where(
+        R.c.node == sa.bindparam("w_node"),
+        R.c.created_at >= sa.bindparam("w_since", type_=tables.UTCDateTime()),
+        R.c.kind != "undo",
+    )
+)
+_DROP_EXPIRED_LOCK = sa.delete(L).where(
+    L.c.key == sa.bindparam("w_key"),
+    L.c.expires_at.is_not(None),
+    L.c.expires_at <= sa.bindparam("w_now", type_=tables.UTCDateTime()),
+)
+_RELEASE_RUN_LOCKS = sa.delete(L).where(
+    L.c.run_id == sa.bindparam("w_run_id"), L.c.expires_at.is_(None)
+)
+# Dialect-specific upserts, one per backend: (SQLite, Postgres).
+_TAKE_LOCK = tuple(
+    insert(L).on_conflict_do_nothing(index_elements=[L.c.key]).returning(L.c.key)
+    for insert in (sqlite.insert, postgresql.insert)
+)
+_INSERT_RUN = sa.insert(R).returning(R.c.id)
+_INSERT_ALERT_RUN = tuple(
+    insert(R)
+    .on_conflict_do_nothing(index_elements=[R.c.episode_id, R.c.playbook, R.c.kind])
+    .returning(R.c.id)
+    for insert in (sqlite.insert, postgresql.insert)
+)
 _TRANSITION_STEP = {
     owner: sa.update(S)
     .where(
@@ -299,7 +337,7 @@ class SqlTx:
 
     def mark_episode_handled(self, episode: records.Episode) -> None:
         self.conn.execute(
-            sa.update(E).where(E.c.id == episode.id).values(handled_status=episode.status.value)
+            _MARK_HANDLED, {"w_id": episode.id, "handled_status": episode.status.value}
         )
 
     def get_episode(self, episode_id: int) -> records.Episode | None:
@@ -328,12 +366,10 @@ class SqlTx:
             "updated_at": self.now,
             "finished_at": self.now if new.status in runs.RUN_TERMINAL else None,
         }
-        statement = self._insert(R).values(**values)
-        if new.episode_id is not None:
-            statement = statement.on_conflict_do_nothing(
-                index_elements=[R.c.episode_id, R.c.playbook, R.c.kind]
-            )
-        row = (self.conn.execute(statement.returning(R.c.id))).one_or_none()
+        statement = (
+            _INSERT_RUN if new.episode_id is None else _INSERT_ALERT_RUN[self.db.is_postgres]
+        )
+        row = self.conn.execute(statement, values).one_or_none()
         if row is None:
             return None
         run_id = int(row.id)
@@ -419,12 +455,7 @@ class SqlTx:
         values: dict[str, Any] = {"status": to.value, "updated_at": self.now}
         if to in runs.RUN_TERMINAL:
             values["finished_at"] = self.now
-        result = self.conn.execute(
-            sa.update(R)
-            .where(R.c.id == run_id, R.c.status.in_(sources))
-            .values(**values)
-            .returning(*R.c)
-        )
+        result = self.conn.execute(_TRANSITION_RUN, values | {"w_id": run_id, "w_sources": sources})
         row = result.one_or_none()
         if row is None:
             current = self.get_run(run_id)
@@ -637,11 +668,7 @@ class SqlTx:
 
     def count_node_runs(self, node: str, *, since: dt.datetime) -> int:
         return int(
-            self.conn.execute(
-                sa.select(sa.func.count())
-                .select_from(R)
-                .where(R.c.node == node, R.c.created_at >= since, R.c.kind != "undo")
-            ).scalar_one()
+            self.conn.execute(_COUNT_NODE_RUNS, {"w_node": node, "w_since": since}).scalar_one()
         )
 
     def expired_leases(self, limit: int) -> list[records.Step]:
@@ -709,22 +736,16 @@ class SqlTx:
 
     def try_lock(self, key: str, *, run_id: int | None, expires_at: dt.datetime | None) -> bool:
         """Take ``key`` unless someone holds it (an expired holder loses it)."""
-        self.conn.execute(
-            sa.delete(L).where(
-                L.c.key == key, L.c.expires_at.is_not(None), L.c.expires_at <= self.now
-            )
+        self.conn.execute(_DROP_EXPIRED_LOCK, {"w_key": key, "w_now": self.now})
+        taken = self.conn.execute(
+            _TAKE_LOCK[self.db.is_postgres],
+            {"key": key, "run_id": run_id, "acquired_at": self.now, "expires_at": expires_at},
         )
-        statement = (
-            self._insert(L)
-            .values(key=key, run_id=run_id, acquired_at=self.now, expires_at=expires_at)
-            .on_conflict_do_nothing(index_elements=[L.c.key])
-            .returning(L.c.key)
-        )
-        return (self.conn.execute(statement)).one_or_none() is not None
+        return taken.one_or_none() is not None
 
     def release_run_locks(self, run_id: int) -> None:
         """Release what a finished run held, except expiring locks (cooldowns run their time)."""
-        self.conn.execute(sa.delete(L).where(L.c.run_id == run_id, L.c.expires_at.is_(None)))
+        self.conn.execute(_RELEASE_RUN_LOCKS, {"w_run_id": run_id})
 
     def release_locks(self, keys: Iterable[str]) -> None:
         self.conn.execute(sa.delete(L).where(L.c.key.in_(list(keys))))
