@@ -147,13 +147,21 @@ def _post_alert(server, node):
 
 
 def _until(predicate, timeout=20.0):
+    """Poll ``predicate``. While a click's navigation is under way the element it looks for
+    may be missing or stale for a moment; that is "not yet", not a failure."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
     deadline = time.monotonic() + timeout
+    last: Exception | None = None
     while time.monotonic() < deadline:
-        value = predicate()
+        try:
+            value = predicate()
+        except (NoSuchElementException, StaleElementReferenceException) as e:
+            value, last = None, e
         if value:
             return value
         time.sleep(0.1)
-    raise TimeoutError("condition not met")
+    raise TimeoutError(f"condition not met (last error: {last})")
 
 
 def _sign_in(driver, server, name):
