@@ -16,6 +16,7 @@ from typing import Any
 import pydantic
 
 from remediator import __version__
+from remediator.domain.audit import EVENT_FILTERS as _AUDIT_FILTERS
 
 logger = logging.getLogger("remediator")
 
@@ -262,22 +263,6 @@ def _audit_verify(args: argparse.Namespace) -> int:
             api.close()
     _print(report)
     return 0 if report["ok"] else 1
-
-
-_AUDIT_FILTERS = (
-    "since",
-    "until",
-    "node",
-    "gpu",
-    "alertname",
-    "fingerprint",
-    "playbook",
-    "action",
-    "outcome",
-    "principal",
-    "kind",
-    "run",
-)
 
 
 def _server_options(parser: argparse.ArgumentParser) -> None:

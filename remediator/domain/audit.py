@@ -16,6 +16,23 @@ from typing import Any
 
 GENESIS = "0" * 64
 
+# What auditors may filter events by (the API's query parameters and the CLI's options).
+EVENT_FILTERS = (
+    "since",
+    "until",
+    "node",
+    "gpu",
+    "alertname",
+    "fingerprint",
+    "playbook",
+    "action",
+    "outcome",
+    "principal",
+    "kind",
+    "run",
+)
+RUN_FILTERS = tuple(name for name in EVENT_FILTERS if name != "kind")
+
 CONTENT_FIELDS = (
     "id",
     "at",

@@ -26,21 +26,8 @@ H = tables.audit_head
 D = tables.deliveries
 AP = tables.approvals
 
-EVENT_FILTERS = (
-    "since",
-    "until",
-    "node",
-    "gpu",
-    "alertname",
-    "fingerprint",
-    "playbook",
-    "action",
-    "outcome",
-    "principal",
-    "kind",
-    "run",
-)
-RUN_FILTERS = tuple(name for name in EVENT_FILTERS if name != "kind")
+EVENT_FILTERS = audit.EVENT_FILTERS
+RUN_FILTERS = audit.RUN_FILTERS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
