@@ -151,19 +151,7 @@ async def test_a_leader_that_cannot_renew_stops_its_loops_before_its_lease_expir
 
 
 async def test_a_failing_singleton_loop_stops_the_elector():
-    class Always:
-        name = "always"
-
-        async def acquire_or_renew(self, holder: str, *, duration: float) -> bool:
-            return True
-
-        async def release(self, holder: str) -> None:
-            return None
-
-        async def close(self) -> None:
-            return None
-
-    elector = leader.Elector(Always(), holder="r", duration=DURATION)
+    elector = leader.Elector(leader.Unopposed(), holder="r", duration=DURATION)
 
     async def broken() -> None:
         raise ValueError("bug")
