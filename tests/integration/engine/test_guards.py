@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from tests.integration.engine.test_engine import alert_body
+from tests.support.notify import FakeNotifier
 
 DISRUPTIVE = """
 name: disruptive
@@ -10,15 +11,6 @@ steps:
   - {id: note, action: test.record, params: {label: "note-{{ target.node }}"}}
   - {id: cordon, action: test.disrupt, params: {label: "{{ target.node }}"}}
 """
-
-
-class FakeNotifier:
-    def __init__(self):
-        self.sent = []
-
-    async def send(self, *, channel, message, data, idempotency_key):
-        self.sent.append({"channel": channel, "message": message, "data": data})
-        return {"delivered": True}
 
 
 def disrupted(h):

@@ -12,6 +12,7 @@ from remediator.engine import lifecycle
 from remediator.sim import fleet as fleet_mod
 from remediator.sim import testing
 from tests.conftest import ROOT, am_payload
+from tests.support.notify import FakeNotifier
 
 NODES = [f"gpu-storm-{i:02d}" for i in range(50)]
 
@@ -55,15 +56,6 @@ def xid_alert(node: str) -> bytes:
     return json.dumps(body).encode()
 
 
-class Notifier:
-    def __init__(self):
-        self.sent = []
-
-    async def send(self, *, channel, message, data, idempotency_key):
-        self.sent.append(data)
-        return {"delivered": True}
-
-
 @pytest.fixture
 async def sim():
     async with testing.running_sim(storm_fleet()) as running:
@@ -78,7 +70,7 @@ def cordoned(sim):
 async def test_a_storm_stays_within_the_budget_trips_the_breaker_and_resumes_after_reset(
     make_harness, sim, clock
 ):
-    notifier = Notifier()
+    notifier = FakeNotifier()
     rules = [
         (ROOT / "rules" / name).read_text()
         for name in ("gpu-xid-error.yaml", "return-node-to-service.yaml")
@@ -99,7 +91,7 @@ async def test_a_storm_stays_within_the_budget_trips_the_breaker_and_resumes_aft
     assert len(first) == 3
     breaker = await (await h.client.get("/api/v1/breaker")).json()
     assert breaker["open"] is True
-    assert [n for n in notifier.sent if n.get("event") == "breaker_opened"]
+    assert [n for n in notifier.sent if n["data"].get("event") == "breaker_opened"]
     runs = await h.runs()
     assert len(runs) == 50
     waiting = {"held by a guard": 0, "waiting for a concurrency slot": 0}

@@ -14,17 +14,7 @@ from remediator.adapters import kubernetes
 from remediator.ports import actions
 from remediator.ports import cluster as port
 from remediator.sim import testing
-
-
-class FakeNotifier:
-    def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
-
-    async def send(
-        self, *, channel: str, message: str, data: dict[str, Any], idempotency_key: str
-    ) -> dict[str, Any]:
-        self.sent.append({"channel": channel, "message": message})
-        return {"sent": True}
+from tests.support.notify import FakeNotifier
 
 
 @pytest.fixture

@@ -16,24 +16,9 @@ from remediator.engine import lifecycle
 from remediator.sim import testing
 from tests.conftest import ROOT, am_payload
 from tests.integration.conftest import Harness
+from tests.support.notify import FakeNotifier
 
 RULES = ROOT / "rules"
-
-
-class FakeNotifier:
-    def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
-
-    async def send(
-        self, *, channel: str, message: str, data: dict[str, Any], idempotency_key: str
-    ) -> dict[str, Any]:
-        self.sent.append(
-            {"channel": channel, "message": message, "data": data, "key": idempotency_key}
-        )
-        return {"sent": True, "channel": channel}
-
-    def messages(self) -> list[str]:
-        return [s["message"] for s in self.sent]
 
 
 @pytest.fixture
