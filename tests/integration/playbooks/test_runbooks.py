@@ -186,23 +186,26 @@ def test_health_rows_are_parsed_by_position_and_unreadable_counters_are_not_zero
     assert health.verify_problems(gpus, [], relaxed, expected=None) == {}
 
 
+IDLE_GPU = health.GpuHealth(
+    index=0,
+    uuid="GPU-a",
+    pci_bus_id="00000000:18:00.0",
+    name="H100",
+    temperature=35,
+    utilization=0,
+    memory_used=0,
+    memory_total=81559,
+    ecc_uncorrected_volatile=0,
+    ecc_uncorrected_aggregate=0,
+    ecc_corrected_volatile=0,
+    power_draw=70,
+    power_limit=700,
+    power_default_limit=700,
+)
+
+
 def test_an_idle_gpu_nobody_holds_is_not_flagged_as_waste() -> None:
-    idle = health.GpuHealth(
-        index=0,
-        uuid="GPU-a",
-        pci_bus_id="00000000:18:00.0",
-        name="H100",
-        temperature=35,
-        utilization=0,
-        memory_used=0,
-        memory_total=81559,
-        ecc_uncorrected_volatile=0,
-        ecc_uncorrected_aggregate=0,
-        ecc_corrected_volatile=0,
-        power_draw=70,
-        power_limit=700,
-        power_default_limit=700,
-    )
+    idle = IDLE_GPU
     t = health.Thresholds()
     # No pod on the node asks for a GPU: idle is not waste, whatever its memory says.
     assert not health.is_held(idle, t, allocated=0, gpus=8)
@@ -211,22 +214,7 @@ def test_an_idle_gpu_nobody_holds_is_not_flagged_as_waste() -> None:
 
 
 def test_which_gpus_count_as_held_and_idle() -> None:
-    idle = health.GpuHealth(
-        index=0,
-        uuid="GPU-a",
-        pci_bus_id="00000000:18:00.0",
-        name="H100",
-        temperature=35,
-        utilization=3,
-        memory_used=0,
-        memory_total=81559,
-        ecc_uncorrected_volatile=0,
-        ecc_uncorrected_aggregate=0,
-        ecc_corrected_volatile=0,
-        power_draw=70,
-        power_limit=700,
-        power_default_limit=700,
-    )
+    idle = dataclasses.replace(IDLE_GPU, utilization=3)
     loaded = dataclasses.replace(idle, index=1, uuid="GPU-b", memory_used=40000)
     busy = dataclasses.replace(idle, index=2, uuid="GPU-c", utilization=90, memory_used=70000)
     t = health.Thresholds()
