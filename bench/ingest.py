@@ -146,30 +146,33 @@ def server(kind: str, parent: pathlib.Path, postgres: str | None = None) -> Iter
         stack.close()
 
 
+async def _deliver(
+    session: aiohttp.ClientSession, url: str, body: bytes, latencies: list[float]
+) -> None:
+    """Post one delivery; its latency is recorded once it was answered 200."""
+    started = time.perf_counter()
+    async with session.post(
+        f"{url}/api/v1/alerts", data=body, headers={"Content-Type": "application/json"}
+    ) as r:
+        await r.read()
+        assert r.status == 200, r.status
+    latencies.append(time.perf_counter() - started)
+
+
 async def closed_loop(
     url: str, concurrency: int, duration: float, new_fraction: float = NEW_FRACTION
 ) -> tuple[int, list[float]]:
     source = deliveries(new_fraction=new_fraction)
     latencies: list[float] = []
-    done = 0
     stop = time.monotonic() + duration
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
 
         async def worker() -> None:
-            nonlocal done
             while time.monotonic() < stop:
-                body = next(source)
-                started = time.perf_counter()
-                async with session.post(
-                    f"{url}/api/v1/alerts", data=body, headers={"Content-Type": "application/json"}
-                ) as r:
-                    await r.read()
-                    assert r.status == 200, r.status
-                latencies.append(time.perf_counter() - started)
-                done += 1
+                await _deliver(session, url, next(source), latencies)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return done, latencies
+    return len(latencies), latencies
 
 
 async def open_loop(
@@ -178,23 +181,13 @@ async def open_loop(
     source = deliveries(seed=11, new_fraction=new_fraction)
     latencies: list[float] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as session:
-
-        async def one(body: bytes) -> None:
-            started = time.perf_counter()
-            async with session.post(
-                f"{url}/api/v1/alerts", data=body, headers={"Content-Type": "application/json"}
-            ) as r:
-                await r.read()
-                assert r.status == 200, r.status
-            latencies.append(time.perf_counter() - started)
-
         tasks = []
         start = time.monotonic()
         for n in range(int(rate * duration)):
             delay = start + n / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(next(source))))
+            tasks.append(asyncio.create_task(_deliver(session, url, next(source), latencies)))
         await asyncio.gather(*tasks)
     return latencies
 
