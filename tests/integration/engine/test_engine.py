@@ -6,6 +6,7 @@ import json
 import pytest
 
 from remediator.domain import runs
+from tests.support.alerts import alert_body
 
 TWO_STEPS = """
 name: two-steps
@@ -15,41 +16,6 @@ steps:
   - {id: first, action: test.record, params: {label: one}}
   - {id: second, action: test.record, params: {label: two}}
 """
-
-
-def alert_body(
-    *,
-    alertname="GPUXidError79",
-    node="gpu-node-03",
-    status="firing",
-    starts="2026-11-30T00:02:27.47Z",
-    fingerprint=None,
-    extra_labels=None,
-):
-    labels = {"alertname": alertname, "node": node, "severity": "critical", **(extra_labels or {})}
-    alert = {
-        "status": status,
-        "labels": labels,
-        "annotations": {"summary": f"{alertname} on {node}"},
-        "startsAt": starts,
-        "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-11-30T00:05:00Z",
-        "generatorURL": "http://prometheus/graph",
-        "fingerprint": fingerprint or f"{abs(hash((alertname, node))) % 16**16:016x}",
-    }
-    return json.dumps(
-        {
-            "version": "4",
-            "status": status,
-            "receiver": "r",
-            "alerts": [alert],
-            "groupLabels": {},
-            "commonLabels": {},
-            "commonAnnotations": {},
-            "externalURL": "",
-            "groupKey": "g",
-            "truncatedAlerts": 0,
-        }
-    ).encode()
 
 
 def applied(h):

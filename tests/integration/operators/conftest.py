@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import base64
-import json
+import functools
 import pathlib
 
 import pytest
 import yaml
+
+from tests.support import alerts
 
 ROLES = ("ingest", "operator", "auditor", "admin")
 TOKENS = {
@@ -76,38 +78,8 @@ def tokens_path(tmp_path: pathlib.Path) -> pathlib.Path:
     return write_tokens(tmp_path)
 
 
-def alert_body(
-    *,
-    alertname: str = "GPUXidError79",
-    node: str = "gpu-node-03",
-    status: str = "firing",
-    gpu: str = "GPU-5fa3c0de-0000-4000-8000-000000000001",
-    starts: str = "2026-11-30T00:02:27.47Z",
-) -> bytes:
-    labels = {"alertname": alertname, "node": node, "severity": "critical", "UUID": gpu}
-    alert = {
-        "status": status,
-        "labels": labels,
-        "annotations": {"summary": f"{alertname} on {node}"},
-        "startsAt": starts,
-        "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-11-30T00:05:00Z",
-        "generatorURL": "http://prometheus.example:9090/graph?g0.expr=DCGM",
-        "fingerprint": f"{abs(hash((alertname, node))) % 16**16:016x}",
-    }
-    return json.dumps(
-        {
-            "version": "4",
-            "status": status,
-            "receiver": "remediator",
-            "alerts": [alert],
-            "groupLabels": {},
-            "commonLabels": {},
-            "commonAnnotations": {},
-            "externalURL": "http://alertmanager.example:9093",
-            "groupKey": "g",
-            "truncatedAlerts": 0,
-        }
-    ).encode()
+# Operator tests' alerts name a GPU, so GPU filters and links have one to find.
+alert_body = functools.partial(alerts.alert_body, gpu="GPU-5fa3c0de-0000-4000-8000-000000000001")
 
 
 async def waiting_step(h, headers=None):
