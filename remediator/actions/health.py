@@ -331,19 +331,22 @@ def gpu_flags(g: GpuHealth, t: Thresholds, *, held: bool) -> list[tuple[str, str
     return flags
 
 
+def _has_process(g: GpuHealth, t: Thresholds) -> bool:
+    return g.memory_used is not None and g.memory_used > t.held_memory_mib
+
+
 def in_use(g: GpuHealth, t: Thresholds) -> bool:
     """Something runs on it: busy above the low-utilization mark, or memory in use."""
     busy = g.utilization is not None and g.utilization >= t.utilization_low
-    return busy or (g.memory_used is not None and g.memory_used > t.held_memory_mib)
+    return busy or _has_process(g, t)
 
 
 def is_held(g: GpuHealth, t: Thresholds, *, allocated: int | None, gpus: int) -> bool:
     """Whether a pod holds this GPU, given ``allocated`` of the node's ``gpus`` GPUs are
     allocated to pods (``None``: unknown, and memory in use is the only sign)."""
-    with_memory = g.memory_used is not None and g.memory_used > t.held_memory_mib
     if allocated is None:
-        return with_memory
-    return allocated > 0 and (allocated >= gpus or with_memory)
+        return _has_process(g, t)
+    return allocated > 0 and (allocated >= gpus or _has_process(g, t))
 
 
 def node_flags(
