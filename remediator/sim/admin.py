@@ -1,4 +1,5 @@
-"""Admin endpoints under ``/sim/v1``: GPU state, node flags, settings, faults, state, reset."""
+"""Admin endpoints under ``/sim/v1``: GPU state, node flags, settings, faults, state, reset and
+the mutation log."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pydantic
 from aiohttp import web
 
-from remediator.sim import api, errors, faults, fleet, nvidia
+from remediator.sim import api, errors, faults, fleet, mutations, nvidia
 
 GPU_FIELDS = {f.name for f in dataclasses.fields(nvidia.Gpu)} - {"index"}
 
@@ -67,6 +68,7 @@ async def patch_gpu(request: web.Request) -> web.Response:
     unknown = set(body) - GPU_FIELDS
     if unknown:
         raise errors.ApiError(422, f"unknown GPU fields: {sorted(unknown)}", reason="Invalid")
+    values = {}
     for key, value in body.items():
         current = getattr(gpu, key)
         if isinstance(current, bool) and not isinstance(value, bool):
@@ -75,6 +77,17 @@ async def patch_gpu(request: web.Request) -> web.Response:
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise errors.ApiError(422, f"{key} must be a number", reason="Invalid")
             value = type(current)(value)
+        values[key] = value
+    if "power_limit" in values:
+        request.app[api.CLUSTER].mutations.record(
+            mutations.POWER_LIMIT,
+            request.match_info["node"],
+            gpu.uuid,
+            before=gpu.power_limit,
+            after=values["power_limit"],
+            source="admin",
+        )
+    for key, value in values.items():
         setattr(gpu, key, value)
     return _json(dataclasses.asdict(gpu))
 
@@ -127,6 +140,8 @@ async def state(request: web.Request) -> web.Response:
     return _json(
         {
             "resourceVersion": st.resource_version,
+            "epoch": cluster.mutations.epoch,
+            "boot": cluster.mutations.boot,
             "settings": cluster.settings.model_dump(),
             "nodes": st.list("nodes"),
             "pods": st.list("pods"),
@@ -143,6 +158,25 @@ async def state(request: web.Request) -> web.Response:
     )
 
 
+async def get_mutations(request: web.Request) -> web.Response:
+    """The mutation log (``?since=SEQ``: only later entries) and the effects applied twice."""
+    log = request.app[api.CLUSTER].mutations
+    try:
+        since = int(request.query.get("since", "0"))
+    except ValueError as e:
+        raise errors.ApiError(400, "since must be an integer") from e
+    entries = [e.json() for e in log.since(since)]
+    repeats = mutations.repeated(e.json() for e in log.entries)
+    return _json(
+        {
+            "epoch": log.epoch,
+            "boot": log.boot,
+            "entries": entries,
+            "repeated": [[first["seq"], second["seq"]] for first, second in repeats],
+        }
+    )
+
+
 async def reset(request: web.Request) -> web.Response:
     cluster = request.app[api.CLUSTER]
     cluster.reset()
@@ -153,6 +187,7 @@ async def reset(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/sim/v1/state", state)
     app.router.add_post("/sim/v1/reset", reset)
+    app.router.add_get("/sim/v1/mutations", get_mutations)
     app.router.add_get("/sim/v1/faults", get_faults)
     app.router.add_put("/sim/v1/faults", put_faults)
     app.router.add_get("/sim/v1/settings", get_settings)

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from remediator.sim import cluster as cluster_mod
-from remediator.sim import errors, patching, pods, resources, selectors, store, tables
+from remediator.sim import errors, mutations, patching, pods, resources, selectors, store, tables
 
 Obj = dict[str, Any]
 CLUSTER = web.AppKey("cluster", cluster_mod.Cluster)
@@ -298,22 +298,20 @@ async def item(request: web.Request, cluster: cluster_mod.Cluster, target: Targe
         return json_response(obj)
     if method == "PUT":
         body = await _body(request)
-        return json_response(
-            _serve(
-                update(cluster, res, ns, name, body, status=False, dry_run=_dry_run(request)), res
-            )
-        )
+        before = cluster.store.get(res.store_key, ns, name)
+        dry_run = _dry_run(request)
+        obj = update(cluster, res, ns, name, body, status=False, dry_run=dry_run)
+        _log_write(cluster, request, res, before, obj, mutations.Named(), dry_run=dry_run)
+        return json_response(_serve(obj, res))
     if method == "PATCH":
         patch = await _body(request)
         ctype = request.headers.get("Content-Type", "")
-        return json_response(
-            _serve(
-                apply_patch(
-                    cluster, res, ns, name, patch, ctype, status=False, dry_run=_dry_run(request)
-                ),
-                res,
-            )
-        )
+        before = cluster.store.get(res.store_key, ns, name)
+        dry_run = _dry_run(request)
+        obj = apply_patch(cluster, res, ns, name, patch, ctype, status=False, dry_run=dry_run)
+        named = mutations.named_in_patch(patch)
+        _log_write(cluster, request, res, before, obj, named, dry_run=dry_run)
+        return json_response(_serve(obj, res))
     if method == "DELETE":
         raw = await request.read()
         options = json.loads(raw) if raw else {}
@@ -321,7 +319,17 @@ async def item(request: web.Request, cluster: cluster_mod.Cluster, target: Targe
             options["gracePeriodSeconds"] = int(request.query["gracePeriodSeconds"])
         if res.store_key == "pods":
             return json_response(
-                _serve(pods.delete_pod(cluster, ns, name, options, dry_run=_dry_run(request)), res)
+                _serve(
+                    pods.delete_pod(
+                        cluster,
+                        ns,
+                        name,
+                        options,
+                        dry_run=_dry_run(request),
+                        source=f"{method} {request.path}",
+                    ),
+                    res,
+                )
             )
         obj = cluster.store.must_get(res.store_key, ns, name)
         pods.check_preconditions(obj, options, res)
@@ -333,6 +341,22 @@ async def item(request: web.Request, cluster: cluster_mod.Cluster, target: Targe
         f"the server does not allow this method on the requested resource ({method})",
         reason="MethodNotAllowed",
     )
+
+
+def _log_write(
+    cluster: cluster_mod.Cluster,
+    request: web.Request,
+    res: resources.Resource,
+    before: Obj | None,
+    after: Obj,
+    named: mutations.Named,
+    *,
+    dry_run: bool,
+) -> None:
+    if res.store_key != "nodes" or before is None or dry_run:
+        return
+    source = f"{request.method} {request.path}"
+    mutations.record_node_write(cluster.mutations, before, after, named, source=source)
 
 
 def update(

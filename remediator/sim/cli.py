@@ -43,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "sends bearer tokens only over TLS); --no-tls serves plain HTTP",
     )
     parser.add_argument(
+        "--state-file",
+        default=None,
+        metavar="PATH",
+        help="restore the cluster saved in PATH (if it exists) and save it there on exit, "
+        "so a restarted simulator keeps its state; without it a restart starts from the fleet",
+    )
+    parser.add_argument(
         "--time-scale",
         type=float,
         default=None,
@@ -87,8 +94,16 @@ async def _serve(args: argparse.Namespace, fleet: fleet_mod.Fleet, token: str) -
         port=int(port),
         kubeconfig_path=args.kubeconfig,
         tls=args.tls,
+        state_file=args.state_file,
     )
     print(f"remediator sim: serving the Kubernetes API on {sim.url}", flush=True)
+    log = sim.cluster.mutations
+    if log.boot > 1:
+        print(
+            f"remediator sim: state restored from {args.state_file} "
+            f"(epoch {log.epoch}, boot {log.boot})",
+            flush=True,
+        )
     print(f"remediator sim: token {token}", flush=True)
     print(
         f"remediator sim: kubeconfig written to {sim.kubeconfig_path} (context {testing.CONTEXT})",
@@ -114,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     token = args.token or secrets.token_urlsafe(24)
     try:
         asyncio.run(_serve(args, fleet, token))
-    except OSError as e:
+    except (OSError, ValueError) as e:
         print(f"remediator sim: {e}", file=sys.stderr)
         return 1
     return 0

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 from remediator.sim import fleet as fleet_mod
-from remediator.sim import nvidia, objects, store
+from remediator.sim import mutations, nvidia, objects, store
 
 Obj = dict[str, Any]
 GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -25,6 +25,8 @@ class ExecRecord:
     argv: list[str]
     transport: str  # "websocket:<subprotocol>" or "spdy:<protocol>"
     exit_code: int | None = None  # None while running or when the client went away
+    dropped: str | None = None
+    """An injected fault closed the stream "before" the command ran or "after" it."""
 
 
 class Cluster:
@@ -38,6 +40,7 @@ class Cluster:
         self.files: dict[str, dict[str, bytes]] = {}  # pod uid -> path -> bytes
         self.wake = asyncio.Event()
         self.exec_log: list[ExecRecord] = []
+        self.mutations = mutations.Log()
         self.store.hooks.append(self._on_change)
         seed(self, fleet)
 
@@ -61,6 +64,7 @@ class Cluster:
         self.hosts.clear()
         self.files.clear()
         self.exec_log.clear()
+        self.mutations = mutations.Log(boot=self.mutations.boot)
         self.settings = self.fleet.settings.model_copy()
         seed(self, self.fleet)
         self.wake.set()

@@ -14,7 +14,7 @@ import posixpath
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from remediator.sim import nvidia
+from remediator.sim import mutations, nvidia
 
 STDOUT = 1
 STDERR = 2
@@ -31,6 +31,8 @@ class Context:
     host: nvidia.Host | None
     files: dict[str, bytes]
     bug_report_seconds: float = 0.0  # real seconds, already scaled
+    mutations: mutations.Log | None = None
+    """Where effects (power limits) are logged."""
 
 
 def status_for(argv: list[str], rc: int) -> dict[str, Any]:
@@ -67,7 +69,10 @@ async def run(ctx: Context, argv: list[str], emit: Emit) -> int:
     has_driver = ctx.host is not None and ctx.container == DRIVER_CONTAINER
     if has_driver and ctx.host is not None:
         if program == "nvidia-smi":
+            before = {g.uuid: g.power_limit for g in ctx.host.gpus}
             out, err, rc = nvidia.run(ctx.host, argv[1:])
+            if rc == nvidia.RC_OK:
+                _log_power_limits(ctx, ctx.host, argv, before)
             await _emit_text(emit, out, err)
             return rc
         if program == "nvidia-bug-report.sh":
@@ -80,6 +85,25 @@ async def run(ctx: Context, argv: list[str], emit: Emit) -> int:
     )
     await emit(STDERR, message.encode())
     return RC_NOT_FOUND
+
+
+def _log_power_limits(
+    ctx: Context, host: nvidia.Host, argv: list[str], before: dict[str, float]
+) -> None:
+    args = nvidia.parse_args(argv[1:])
+    if ctx.mutations is None or args.power_limit is None:
+        return
+    meta = ctx.pod.get("metadata", {})
+    source = f"exec {' '.join(argv)} in {meta.get('namespace')}/{meta.get('name')}"
+    for gpu in nvidia.select(host, args.ids) or []:
+        ctx.mutations.record(
+            mutations.POWER_LIMIT,
+            ctx.pod.get("spec", {}).get("nodeName", ""),
+            gpu.uuid,
+            before=before.get(gpu.uuid),
+            after=gpu.power_limit,
+            source=source,
+        )
 
 
 async def _emit_text(emit: Emit, out: str, err: str) -> None:

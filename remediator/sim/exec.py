@@ -65,6 +65,7 @@ def prepare(
         host=host,
         files=files,
         bug_report_seconds=cluster.scaled(cluster.settings.bug_report_seconds),
+        mutations=cluster.mutations,
     )
     return ctx, argv
 
@@ -100,6 +101,7 @@ async def handle_websocket(
     protocol = ws.ws_protocol or "v4.channel.k8s.io"
     record.transport = f"websocket:{protocol}"
     if faults.should_drop_websocket(request):
+        record.dropped = "before"
         await ws.close(code=aiohttp.WSCloseCode.INTERNAL_ERROR, message=b"dropped")
         return ws
 
@@ -119,6 +121,15 @@ async def handle_websocket(
             await task
         return ws
     rc = record.exit_code = task.result()
+    if faults.should_drop_websocket_after(request):
+        # The command ran (its effect is in place, its output sent) but the client never
+        # learns how it ended: the stream closes where the exit status would come.
+        record.dropped = "after"
+        await ws.close(code=aiohttp.WSCloseCode.INTERNAL_ERROR, message=b"dropped")
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        return ws
     if protocol in STATUS_PROTOCOLS:
         await emit(ERROR_CHANNEL, json.dumps(commands.status_for(argv, rc)).encode())
     elif rc != 0:

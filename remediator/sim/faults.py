@@ -1,7 +1,10 @@
 """Fault injection on the Kubernetes API: latency, 429 with Retry-After, 500/503, dropped exec.
 
 Rules are switched at runtime through ``PUT /sim/v1/faults`` and can be scoped by path prefix
-and HTTP method. The admin endpoints themselves are never faulted.
+and HTTP method. The admin endpoints themselves are never faulted. Errors are injected before
+the request is handled (nothing was changed); an exec stream can be dropped before its command
+runs (``drop_websocket_rate``) or after it ran, before its exit status is sent
+(``drop_websocket_after_rate``: the effect is in place and the client cannot know it).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ class Rule(pydantic.BaseModel):
     rate_500: float = pydantic.Field(0.0, ge=0, le=1)
     rate_503: float = pydantic.Field(0.0, ge=0, le=1)
     drop_websocket_rate: float = pydantic.Field(0.0, ge=0, le=1)
+    """Exec streams closed before their command runs."""
+    drop_websocket_after_rate: float = pydantic.Field(0.0, ge=0, le=1)
+    """Exec streams closed after their command ran, without its exit status."""
 
     def applies(self, request: web.Request) -> bool:
         if not request.path.startswith(self.path_prefix):
@@ -68,6 +74,16 @@ def should_drop_websocket(request: web.Request) -> bool:
     rng = _rng(request.app)
     return any(
         r.drop_websocket_rate and r.applies(request) and rng.random() < r.drop_websocket_rate
+        for r in current(request.app).rules
+    )
+
+
+def should_drop_websocket_after(request: web.Request) -> bool:
+    rng = _rng(request.app)
+    return any(
+        r.drop_websocket_after_rate
+        and r.applies(request)
+        and rng.random() < r.drop_websocket_after_rate
         for r in current(request.app).rules
     )
 

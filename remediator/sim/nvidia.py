@@ -82,7 +82,8 @@ class Host:
     )
 
 
-def _select(host: Host, ids: str | None) -> list[Gpu] | None:
+def select(host: Host, ids: str | None) -> list[Gpu] | None:
+    """The GPUs ``-i``/``--id`` names (all without it); ``None`` when one is not found."""
     if ids is None:
         return list(host.gpus)
     chosen: list[Gpu] = []
@@ -158,7 +159,7 @@ def run(host: Host, argv: list[str]) -> Result:
     args = parse_args(argv)
     if args.error:
         return "", args.error + "\n", RC_INVALID
-    gpus = _select(host, args.ids)
+    gpus = select(host, args.ids)
     if not gpus:
         return "No devices were found\n", "", RC_NOT_FOUND
     if args.power_limit is not None:

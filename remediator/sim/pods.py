@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from remediator.sim import disruption, errors, resources
+from remediator.sim import disruption, errors, mutations, resources
 
 if TYPE_CHECKING:
     from remediator.sim import cluster as cluster_mod
@@ -53,9 +53,19 @@ def check_preconditions(obj: Obj, options: Obj, res: resources.Resource) -> None
 
 
 def delete_pod(
-    cluster: cluster_mod.Cluster, ns: str, name: str, options: Obj, *, dry_run: bool
+    cluster: cluster_mod.Cluster,
+    ns: str,
+    name: str,
+    options: Obj,
+    *,
+    dry_run: bool,
+    kind: str = mutations.DELETION,
+    source: str = "",
 ) -> Obj:
-    """Graceful deletion: set deletionTimestamp; the controller loop removes it later."""
+    """Graceful deletion: set deletionTimestamp; the controller loop removes it later.
+
+    Logged as a mutation of ``kind`` (an eviction or a deletion) unless ``dry_run``.
+    """
     st = cluster.store
     pod = st.must_get("pods", ns, name)
     check_preconditions(pod, options, resources.by_store_key("pods"))
@@ -68,6 +78,22 @@ def delete_pod(
     grace = int(grace) if int(grace) >= 0 else 1  # the apiserver turns negative into 1
     if dry_run:
         return pod
+    terminating = bool(pod["metadata"].get("deletionTimestamp"))
+    obj = _delete_pod(cluster, pod, grace)
+    cluster.mutations.record(
+        kind,
+        f"{ns}/{name}",
+        pod["metadata"]["uid"],
+        before="terminating" if terminating else "present",
+        after="terminating" if st.get("pods", ns, name) is not None else "deleted",
+        source=source,
+    )
+    return obj
+
+
+def _delete_pod(cluster: cluster_mod.Cluster, pod: Obj, grace: int) -> Obj:
+    st = cluster.store
+    ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
     if pod["metadata"].get("deletionTimestamp"):
         return pod
     unscheduled = not pod["spec"].get("nodeName")
@@ -99,7 +125,15 @@ async def evict(
     check_preconditions(pod, options, resources.by_store_key("pods"))
     disruption.check_eviction(cluster, pod)
     dry_run = "All" in request.query.getall("dryRun", []) or "All" in (options.get("dryRun") or [])
-    delete_pod(cluster, ns, name, options, dry_run=dry_run)
+    delete_pod(
+        cluster,
+        ns,
+        name,
+        options,
+        dry_run=dry_run,
+        kind=mutations.EVICTION,
+        source=f"{request.method} {request.path}",
+    )
     return _json(
         {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
         201,

@@ -8,10 +8,11 @@ import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
-from remediator.sim import admin, api, controllers, discovery, disruption, errors, faults
+from remediator.sim import admin, api, controllers, discovery, disruption, errors, faults, persist
 from remediator.sim import cluster as cluster_mod
 from remediator.sim import fleet as fleet_mod
 
@@ -63,15 +64,27 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 
 def create_app(
-    fleet: fleet_mod.Fleet, *, token: str, time_scale: float | None = None
+    fleet: fleet_mod.Fleet,
+    *,
+    token: str,
+    time_scale: float | None = None,
+    state: dict[str, Any] | None = None,
 ) -> web.Application:
-    """Build the simulator for ``fleet``; every request needs ``Authorization: Bearer token``."""
+    """Build the simulator for ``fleet``; every request needs ``Authorization: Bearer token``.
+
+    ``state`` (from ``persist.load``) restores a previous simulator's cluster instead of
+    seeding the fleet; ``time_scale`` still wins over the saved settings.
+    """
     if time_scale is not None:
         fleet = fleet.model_copy(
             update={"settings": fleet.settings.model_copy(update={"time_scale": time_scale})}
         )
     app = web.Application(middlewares=[error_middleware, auth_middleware, faults.middleware])
     cluster = cluster_mod.Cluster(fleet)
+    if state is not None:
+        persist.restore(cluster, state)
+        if time_scale is not None:
+            cluster.settings = cluster.settings.model_copy(update={"time_scale": time_scale})
     disruption.install(cluster)
     app[api.CLUSTER] = cluster
     app[TOKEN] = token

@@ -21,6 +21,8 @@ from remediator.sim import errors, resources
 
 Obj = dict[str, Any]
 Hook = Callable[[str, str, Obj], None]
+Objects = dict[str, list[Obj]]
+"""Objects by store key, as ``Store.dump`` returns them."""
 HISTORY = 2000
 
 
@@ -187,6 +189,27 @@ class Store:
     def clear(self) -> None:
         self._objects.clear()
         self.history.clear()
+
+    def dump(self) -> Objects:
+        """Every object by store key (for a state file); the history is not kept."""
+        return {
+            key: [copy.deepcopy(obj) for _, obj in sorted(bucket.items())]
+            for key, bucket in self._objects.items()
+            if bucket
+        }
+
+    def load(self, objects: Objects, resource_version: int) -> None:
+        """Replace every object with ``objects`` (from ``dump``), silently: no watch events,
+        no hooks, an empty history (watches from an older resource version get 410)."""
+        self._objects.clear()
+        self.history.clear()
+        for store_key, items in objects.items():
+            res = resources.by_store_key(store_key)
+            for obj in items:
+                meta = obj["metadata"]
+                namespace = meta.get("namespace", "") if res.namespaced else ""
+                self._objects[store_key][(namespace, meta["name"])] = copy.deepcopy(obj)
+        self._rv = resource_version
 
     # ---- watching --------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from remediator.sim import api, nvidia, server
+from remediator.sim import api, nvidia, persist, server
 from remediator.sim import cluster as cluster_mod
 from remediator.sim import fleet as fleet_mod
 from remediator.sim import store as store_mod
@@ -85,6 +85,8 @@ class RunningSim:
     """PEM file to trust when serving TLS (``None`` over plain HTTP)."""
     workdir: pathlib.Path | None = None
     """Where the kubeconfig and CA file live; removed by ``stop``."""
+    state_file: pathlib.Path | None = None
+    """Where ``stop`` saves the cluster state for the next simulator (``None``: nowhere)."""
 
     @property
     def cluster(self) -> cluster_mod.Cluster:
@@ -142,6 +144,8 @@ class RunningSim:
 
     async def stop(self) -> None:
         await self.runner.cleanup()
+        if self.state_file is not None:
+            persist.save(self.cluster, self.state_file)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -155,14 +159,19 @@ async def start_sim(
     port: int = 0,
     kubeconfig_path: str | pathlib.Path | None = None,
     tls: bool = False,
+    state_file: str | pathlib.Path | None = None,
 ) -> RunningSim:
     """Start the simulator on ``host:port`` (0: ephemeral) and write a kubeconfig for it.
 
     ``time_scale`` defaults to 0.01 (a 30 s grace period lasts 0.3 s); ``None`` keeps the
     fleet's own setting. ``tls`` serves HTTPS with the bundled self-signed certificate (needed
-    by kubectl, which sends bearer tokens only over TLS).
+    by kubectl, which sends bearer tokens only over TLS). ``state_file``: restore the cluster
+    saved there, if any, and save it there on ``stop`` (see ``persist``).
     """
-    app = server.create_app(fleet or fleet_mod.Fleet.default(), token=token, time_scale=time_scale)
+    state = persist.load(state_file) if state_file is not None else None
+    app = server.create_app(
+        fleet or fleet_mod.Fleet.default(), token=token, time_scale=time_scale, state=state
+    )
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=server_ssl_context() if tls else None)
@@ -185,6 +194,7 @@ async def start_sim(
         runner=runner,
         ca_cert_path=ca_path,
         workdir=workdir,
+        state_file=pathlib.Path(state_file) if state_file is not None else None,
     )
 
 
