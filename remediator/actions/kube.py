@@ -37,6 +37,7 @@ class CordonAction(actions.Action[NodeParams]):
     params_model = NodeParams
     disruptive: ClassVar[bool] = True
     supports_undo: ClassVar[bool] = True
+    undo_returns_to_service: ClassVar[bool] = True
 
     async def check(self, ctx: actions.ActionContext, params: NodeParams) -> actions.Check:
         node = await _node(ctx, params)
@@ -51,7 +52,9 @@ class CordonAction(actions.Action[NodeParams]):
 
     async def apply(self, ctx: actions.ActionContext, params: NodeParams) -> dict[str, Any]:
         node = await _node(ctx, params)
-        done = await clusterops.cordon(ctx, ctx.require_cluster(), node)
+        marker = clusterops.run_marker(ctx)
+        with clusterops.changing({"node": node.name, "cordoned_by": marker, "ours": marker}):
+            done = await clusterops.cordon(ctx, ctx.require_cluster(), node)
         ours = done["cordoned_by"] if done["cordoned"] else None
         return {"node": node.name, **done, "ours": ours}
 
@@ -128,6 +131,7 @@ class UncordonAction(actions.Action[UncordonParams]):
     name: ClassVar[str] = "node.uncordon"
     description: ClassVar[str] = "Mark the node schedulable again (if remediator cordoned it)."
     params_model = UncordonParams
+    returns_to_service: ClassVar[bool] = True
 
     async def check(self, ctx: actions.ActionContext, params: UncordonParams) -> actions.Check:
         node = await _node(ctx, params)
@@ -199,6 +203,9 @@ class _LabelsBase(abc.ABC):
         node = await _node(ctx, params)
         previous: dict[str, str | None] = {}
 
+        def written() -> dict[str, Any]:
+            return {"node": node.name, "set": wanted, "previous": dict(previous)}
+
         async def attempt() -> port.NodeInfo:
             fresh = await cluster.get_node(node.name)
             previous.clear()
@@ -210,7 +217,8 @@ class _LabelsBase(abc.ABC):
                 node.name, labels=changes, resource_version=fresh.resource_version
             )
 
-        updated = await clusterops.with_conflict_retries(f"labelling node {node.name}", attempt)
+        with clusterops.changing(written):
+            updated = await clusterops.with_conflict_retries(f"labelling node {node.name}", attempt)
         return updated, previous
 
     async def check(self, ctx: actions.ActionContext, params: NodeParams) -> actions.Check:

@@ -3,7 +3,8 @@
 Counters and histograms are updated where things happen (intake, engine hooks, database
 transactions). Gauges that mirror database state (approvals waiting, breaker, node budget) are
 read at scrape time by ``read_state``: one cheap query per scrape instead of updates from
-every code path, and every replica reports the same values.
+every code path, and every replica reports the same values. The engine-pass metrics are this
+replica's own (each replica runs its own engine loop); ``/readyz`` reads the same state.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import prometheus_client as prom
 import sqlalchemy as sa
 
 from remediator.adapters.db import database, tables
+from remediator.domain import errors, guards
 
 
 class Metrics:
@@ -94,6 +96,39 @@ class Metrics:
             "1 while this replica runs the singleton loops (leader), else 0.",
             registry=r,
         )
+        self.runs_suppressed = prom.Counter(
+            "remediator_runs_suppressed",
+            "Alert runs not started at once: suppressed by a cooldown, or waiting for a "
+            "concurrency slot.",
+            ["reason"],
+            registry=r,
+        )
+        self.steps_held = prom.Gauge(
+            "remediator_steps_held",
+            "Steps kept waiting now, by reason: a guard (budget, breaker, change window, node "
+            "cooldown) or an approval.",
+            ["reason"],
+            registry=r,
+        )
+        self.pass_failures = prom.Counter(
+            "remediator_engine_pass_failures",
+            "Engine passes that raised, by reason (store_unavailable or error).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in PASS_FAILURE_REASONS:
+            self.pass_failures.labels(reason=reason)
+        self.consecutive_pass_failures = prom.Gauge(
+            "remediator_engine_consecutive_pass_failures",
+            "Engine passes failed in a row since the last one that completed.",
+            registry=r,
+        )
+        self.last_pass_success = prom.Gauge(
+            "remediator_engine_last_success_timestamp_seconds",
+            "When an engine pass last completed (Unix time; 0 before the first).",
+            registry=r,
+        )
+        self.failing = FailingPasses()
         self.state_errors = prom.Counter(
             "remediator_metrics_state_errors",
             "Scrapes whose database-state gauges could not be refreshed.",
@@ -113,6 +148,24 @@ class Metrics:
     def claim_lag(self, seconds: float) -> None:
         self.claim_lag_seconds.observe(max(seconds, 0.0))
 
+    def pass_finished(self, *, at: dt.datetime, error: Exception | None = None) -> None:
+        if error is None:
+            self.failing = FailingPasses()
+            self.last_pass_success.set(at.timestamp())
+        else:
+            unavailable = isinstance(error, errors.StoreUnavailable)
+            self.pass_failures.labels(reason=PASS_FAILURE_REASONS[0 if unavailable else 1]).inc()
+            self.failing = FailingPasses(
+                count=self.failing.count + 1,
+                since=self.failing.since or at,
+                last_error=type(error).__name__,
+            )
+        self.consecutive_pass_failures.set(self.failing.count)
+
+    def notice(self, kind: str) -> None:
+        if kind in SUPPRESSIONS:
+            self.runs_suppressed.labels(reason=SUPPRESSIONS[kind]).inc()
+
     def observe_db(self, operation: str, seconds: float) -> None:
         self.db_latency.labels(operation=operation).observe(seconds)
 
@@ -124,9 +177,29 @@ class Metrics:
         self.approval_oldest_age.set(state.approval_oldest_age)
         self.breaker_open.set(1 if state.breaker_open else 0)
         self.budget_nodes_in_use.set(state.budget_nodes_in_use)
+        held = {"approval": state.approvals_pending} | dict(state.held)
+        for reason in HELD_REASONS:
+            self.steps_held.labels(reason=reason).set(held.get(reason, 0))
 
     def render(self) -> bytes:
         return prom.generate_latest(self.registry)
+
+
+#: Notice kinds that count as suppressed runs, and the metric's reason for each.
+SUPPRESSIONS = {"suppressed": "cooldown", "waiting": "concurrency"}
+HELD_REASONS = ("approval", *guards.HOLD_KINDS)
+
+
+PASS_FAILURE_REASONS = ("store_unavailable", "error")
+
+
+@dataclasses.dataclass(frozen=True)
+class FailingPasses:
+    """The engine passes that failed since the last one that completed (readiness reads it)."""
+
+    count: int = 0
+    since: dt.datetime | None = None  # when the first of them ended
+    last_error: str = ""  # the exception's type: no message, /readyz is unauthenticated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +208,23 @@ class State:
     approval_oldest_age: float = 0.0
     breaker_open: bool = False
     budget_nodes_in_use: int = 0
+    held: tuple[tuple[str, int], ...] = ()
+
+
+_HELD = sa.select(tables.steps.c.output).where(
+    tables.steps.c.status == "pending",
+    tables.steps.c.due_at > sa.bindparam("now", type_=tables.UTCDateTime()),
+)
+
+
+async def _held(conn: Any, now: dt.datetime) -> tuple[tuple[str, int], ...]:
+    """Steps a guard holds now, by the guard (held steps are few: a bounded read)."""
+    counts: dict[str, int] = {}
+    for row in await conn.execute(_HELD.limit(10_000), {"now": now}):
+        kind = (row.output or {}).get("held_kind")
+        if kind:
+            counts[kind] = counts.get(kind, 0) + 1
+    return tuple(sorted(counts.items()))
 
 
 def _state_query() -> sa.Select[Any]:
@@ -167,6 +257,7 @@ async def read_state(db: database.Database, *, now: dt.datetime) -> State:
     """The database-state gauges in one read (absent breaker row: closed; no rows: zero)."""
     async with db.read("metrics") as conn:
         row = (await conn.execute(_state_query())).one()
+        held = await _held(conn, now)
     oldest = row.oldest
     breaker = row.breaker if isinstance(row.breaker, dict) else {}
     return State(
@@ -174,4 +265,5 @@ async def read_state(db: database.Database, *, now: dt.datetime) -> State:
         approval_oldest_age=max((now - oldest).total_seconds(), 0.0) if oldest else 0.0,
         breaker_open=bool(breaker.get("open", False)),
         budget_nodes_in_use=int(row.in_use or 0),
+        held=held,
     )

@@ -151,12 +151,17 @@ class Snapshot:
     node_last_disrupted: dt.datetime | None
 
 
+#: What can hold a disruptive step (a verdict's ``kind``; the label of the held-steps metric).
+HOLD_KINDS = ("change_window", "breaker", "node_cooldown", "budget")
+
+
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     go: bool
     reason: str = ""
     until: dt.datetime | None = None
     trips_breaker: bool = False
+    kind: str = ""
 
 
 def budget_limit(config: GuardConfig, gpu_nodes: int | None) -> int:
@@ -175,9 +180,11 @@ def decide(
     later = now + config.recheck
     if config.change_windows and not any(w.contains(now) for w in config.change_windows):
         start = min(w.next_start(now) for w in config.change_windows)
-        return Verdict(False, f"outside change windows; next opens {start.isoformat()}", start)
+        reason = f"outside change windows; next opens {start.isoformat()}"
+        return Verdict(False, reason, start, kind="change_window")
     if snapshot.breaker_open:
-        return Verdict(False, "circuit breaker is open; an operator must reset it", later)
+        reason = "circuit breaker is open; an operator must reset it"
+        return Verdict(False, reason, later, kind="breaker")
     if snapshot.recent_runs > config.max_disruptive_runs:
         return Verdict(
             False,
@@ -185,15 +192,18 @@ def decide(
             "circuit breaker opened",
             later,
             trips_breaker=True,
+            kind="breaker",
         )
     if node is not None and node in snapshot.disrupted_nodes:
         return Verdict(True, "node already disrupted by remediator")
     if config.node_cooldown and snapshot.node_last_disrupted is not None:
         ready = snapshot.node_last_disrupted + config.node_cooldown
         if ready > now:
-            return Verdict(False, f"node cooling down until {ready.isoformat()}", ready)
+            reason = f"node cooling down until {ready.isoformat()}"
+            return Verdict(False, reason, ready, kind="node_cooldown")
     limit = budget_limit(config, snapshot.gpu_nodes)
     in_use = len(snapshot.disrupted_nodes)
     if in_use + 1 > limit:
-        return Verdict(False, f"disruption budget in use: {in_use} of {limit} nodes", later)
+        reason = f"disruption budget in use: {in_use} of {limit} nodes"
+        return Verdict(False, reason, later, kind="budget")
     return Verdict(True, f"within budget: {in_use + 1} of {limit} nodes")

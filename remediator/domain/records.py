@@ -4,9 +4,49 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import enum
+from collections.abc import Mapping
 from typing import Any
 
-from remediator.domain import alerts, runs
+from remediator.domain import alerts, playbooks, runs
+from remediator.domain import retry as retry_mod
+
+
+class UndoMode(enum.StrEnum):
+    """How an undo step reverses its original: the action's own ``undo``, or ``apply`` of
+    another action (a playbook's explicit undo step)."""
+
+    UNDO = "undo"
+    APPLY = "apply"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UndoPlan:
+    """The declared undo of a step, rendered when its run was planned."""
+
+    action: str
+    mode: UndoMode = UndoMode.UNDO
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    timeout_seconds: float = 300.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "mode": self.mode.value,
+            "params": self.params,
+            "timeout_seconds": self.timeout_seconds,
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any], *, action: str) -> UndoPlan:
+        """From its stored form (rows written before the plan was typed may hold only a mode;
+        ``action`` is the step's own action then)."""
+        return cls(
+            action=str(value.get("action") or action),
+            mode=UndoMode(value.get("mode", UndoMode.UNDO.value)),
+            params=dict(value.get("params") or {}),
+            timeout_seconds=float(value.get("timeout_seconds", 300.0)),
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,7 +80,7 @@ class Run:
     dry_run: bool
     principal: str | None
     params: dict[str, Any]
-    on_resolve: str
+    on_resolve: playbooks.ResolvePolicy
     reason: str
     created_at: dt.datetime
     updated_at: dt.datetime
@@ -62,10 +102,11 @@ class Step:
     attempt: int
     max_attempts: int
     timeout_seconds: float
-    on_failure: str
+    on_failure: playbooks.OnFailure
     undo_of: int | None
-    undo: dict[str, Any] | None
-    retry: dict[str, Any]
+    undo: UndoPlan | None
+    retry: retry_mod.RetryPolicy
+    effect: runs.Effect
     due_at: dt.datetime | None
     lease_owner: str | None
     lease_expires_at: dt.datetime | None
@@ -86,10 +127,12 @@ class NewStep:
     approvals_required: int = 1
     max_attempts: int = 1
     timeout_seconds: float = 300.0
-    on_failure: str = "stop"
+    on_failure: playbooks.OnFailure = playbooks.OnFailure.STOP
     undo_of: int | None = None
-    undo: dict[str, Any] | None = None
-    retry: dict[str, Any] = dataclasses.field(default_factory=dict)
+    undo: UndoPlan | None = None
+    retry: retry_mod.RetryPolicy = dataclasses.field(
+        default_factory=lambda: retry_mod.RetryPolicy(max_attempts=1)
+    )
     enabled: bool = True
 
 
@@ -105,7 +148,7 @@ class NewRun:
     dry_run: bool = False
     principal: str | None = None
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
-    on_resolve: str = "cancel"
+    on_resolve: playbooks.ResolvePolicy = playbooks.ResolvePolicy.CANCEL
     reason: str = ""
     status: runs.RunStatus = runs.RunStatus.PENDING
     steps: tuple[NewStep, ...] = ()

@@ -121,6 +121,29 @@ class RunKind(enum.StrEnum):
     UNDO = "undo"
 
 
+class Effect(enum.StrEnum):
+    """What remediator knows about a step's effect on the cluster, apart from its status.
+
+    A step's status says how the step ended; its effect says whether the cluster may have
+    changed. They differ exactly when it matters: a step cancelled by a resolution after its
+    worker died inside ``apply`` is ``cancelled`` with effect ``unknown``, and its undo still
+    runs (undo first asks ``check_undo`` whether there is anything to restore).
+
+    ``none``: the action never reached its apply. ``unknown``: it reached apply (or may have:
+    the worker died holding the lease) and did not report success. ``applied``: apply (or a
+    check that found the effect in place) succeeded. ``undone``: a later undo step reversed it.
+    """
+
+    NONE = "none"
+    UNKNOWN = "unknown"
+    APPLIED = "applied"
+    UNDONE = "undone"
+
+
+#: Effects an undo must reverse (``unknown`` counts: "maybe applied" is never "not applied").
+EFFECTS_TO_UNDO = frozenset({Effect.UNKNOWN, Effect.APPLIED})
+
+
 class StepPhase(enum.StrEnum):
     """A step of the playbook, or the undo of one (runs of kind ``undo`` hold only these)."""
 
@@ -132,13 +155,17 @@ def final_run_status(step_statuses: list[StepStatus]) -> RunStatus | None:
     """The run's terminal status once no step is active, else ``None``.
 
     A step that failed with ``on_failure: stop`` makes the engine skip the rest and fail the run
-    directly; this covers the ordinary end: rejected beats cancelled beats succeeded (a step that
-    failed with ``on_failure: continue`` does not fail the run; its own status says so).
+    directly; this covers the ordinary end: rejected beats failed beats cancelled beats
+    succeeded. A run never reports success for work that failed: a step that failed with
+    ``on_failure: continue`` let the run go on, and still makes it ``failed`` (an undo run whose
+    undo failed left the cluster changed, and says so).
     """
     if any(status in STEP_ACTIVE for status in step_statuses):
         return None
     if StepStatus.REJECTED in step_statuses:
         return RunStatus.REJECTED
+    if StepStatus.FAILED in step_statuses:
+        return RunStatus.FAILED
     if StepStatus.CANCELLED in step_statuses:
         return RunStatus.CANCELLED
     return RunStatus.SUCCEEDED

@@ -5,7 +5,10 @@ attempt is on record. While the action works, a heartbeat renews the lease and s
 if the lease is lost (the sweeper gave the step to another worker after this one stalled), the
 action is cancelled and its result discarded — the other worker's ``check`` will find whatever
 effect it left. Outcomes are classified, never raised: success, temporary failure (retried at a
-persisted time), permanent failure (``on_failure`` decides whether the run stops).
+persisted time, for as long as the step's retry policy allows), permanent failure
+(``on_failure`` decides whether the run stops). A ``ClusterError`` the action let escape is
+classified by its own ``temporary`` flag. Whether the attempt reached ``apply`` is part of the
+outcome: a failure after that point leaves the effect ``unknown``, and undo counts it.
 """
 
 from __future__ import annotations
@@ -17,12 +20,12 @@ import datetime as dt
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pydantic
 
-from remediator.domain import alerts, errors, records, retry, runs
+from remediator.domain import alerts, errors, playbooks, records, runs, transitions
 from remediator.engine import lifecycle
 from remediator.ports import actions, cluster, notify, observe, silences, store
 
@@ -43,12 +46,7 @@ class Services:
     silencer: silences.Silencer | None = None
 
 
-@dataclasses.dataclass
-class _Result:
-    status: runs.StepStatus
-    output: dict[str, Any]
-    error: str | None = None
-    retry_at: dt.datetime | None = None
+_Result = transitions.Result
 
 
 class StepRunner:
@@ -56,6 +54,8 @@ class StepRunner:
         self.services = services
         self.owner = owner
         self.lease_seconds = lease_seconds
+        # What a recorded outcome means for people (runs ended, notices): the engine sets it.
+        self.on_report: Callable[[lifecycle.Report], Awaitable[None]] | None = None
 
     async def run(self, step: records.Step) -> None:
         started = time.perf_counter()
@@ -101,33 +101,6 @@ class StepRunner:
             if not kept:
                 lost.set()
                 return
-
-    def _account_disruption(self, tx: store.Tx, step: records.Step) -> None:
-        """Keep the disruption budget truthful: a node returned to service (uncordoned) frees
-        its budget; a disruptive step that ended without effect frees what its run took."""
-        run = tx.get_run(step.run_id)
-        if run is None or run.node is None:
-            return
-        returned = step.action == "node.uncordon" or (
-            step.phase is runs.StepPhase.UNDO and step.action == "node.cordon"
-        )
-        if step.status is runs.StepStatus.SUCCEEDED and returned:
-            tx.release_disruptions(node=run.node)
-            return
-        registry = self.services.registry
-        disruptive = {a.name for a in registry.all() if a.disruptive}
-        if step.action not in disruptive or step.status is runs.StepStatus.SUCCEEDED:
-            return
-        if step.status in runs.STEP_TERMINAL:
-            effective = [
-                other
-                for other in tx.steps_of_run(run.id)
-                if other.action in disruptive
-                and other.phase is runs.StepPhase.DO
-                and other.status in (runs.StepStatus.SUCCEEDED, runs.StepStatus.UNDONE)
-            ]
-            if not effective:
-                tx.release_disruptions(run_id=run.id)
 
     def _renew(self, step_id: int, progress: dict[str, Any], tx: store.Tx) -> bool:
         until = lifecycle.lease_until(tx.now, self.lease_seconds)
@@ -178,33 +151,58 @@ class StepRunner:
 
     async def _execute(self, step: records.Step, progress: dict[str, Any]) -> _Result:
         run, ctx, resolved = await self._context(step, progress)
-        if resolved and step.phase is runs.StepPhase.DO and run.on_resolve != "continue":
-            return _Result(runs.StepStatus.CANCELLED, {}, "alert resolved before the step started")
+        if (
+            resolved
+            and step.phase is runs.StepPhase.DO
+            and run.on_resolve is not playbooks.ResolvePolicy.CONTINUE
+        ):
+            return _Result(
+                status=runs.StepStatus.CANCELLED,
+                output={},
+                error="alert resolved before the step started",
+            )
         try:
             action = self.services.registry.get(step.action)
         except KeyError:
-            return _Result(runs.StepStatus.FAILED, {}, f"unknown action {step.action!r}")
+            return self._failed(f"unknown action {step.action!r}")
         try:
             params = action.parse(step.params)
         except pydantic.ValidationError as e:
-            return _Result(runs.StepStatus.FAILED, {}, f"invalid params: {e.error_count()} errors")
-        undoing = step.phase is runs.StepPhase.UNDO and (step.undo or {}).get("mode") == "undo"
+            return self._failed(f"invalid params: {e.error_count()} errors")
+        undoing = (
+            step.phase is runs.StepPhase.UNDO
+            and step.undo is not None
+            and step.undo.mode is records.UndoMode.UNDO
+        )
         if run.dry_run:
             verb = "undo" if undoing else "apply"
             return _Result(
-                runs.StepStatus.SUCCEEDED,
-                {"dry_run": True, "would": f"{verb} {action.describe(params)}"},
+                status=runs.StepStatus.SUCCEEDED,
+                output={"dry_run": True, "would": f"{verb} {action.describe(params)}"},
             )
+        reached: list[bool] = []
         try:
             async with asyncio.timeout(step.timeout_seconds):
-                return await self._attempt(action, ctx, params, undoing=undoing)
+                return await self._attempt(action, ctx, params, undoing=undoing, reached=reached)
         except TimeoutError:
-            return self._failure(step, f"timed out after {step.timeout_seconds:g}s", True, None, {})
+            message = f"timed out after {step.timeout_seconds:g}s"
+            return self._failure(step, message, temporary=True, reached=bool(reached))
         except errors.ActionFailed as e:
-            return self._failure(step, str(e), e.temporary, e.retry_after, e.output)
+            maybe = bool(reached) or bool(e.output.get("maybe_applied"))
+            return self._failure(
+                step,
+                str(e),
+                temporary=e.temporary,
+                retry_after=e.retry_after,
+                output=e.output,
+                reached=maybe,
+            )
+        except cluster.ClusterError as e:  # escaped the action: its own flag classifies it
+            return self._failure(step, str(e), temporary=e.temporary, reached=bool(reached))
         except Exception as e:  # an action bug must not kill the worker
             logger.exception("action %s raised", step.action)
-            return self._failure(step, f"{type(e).__name__}: {e}", False, None, {})
+            message = f"{type(e).__name__}: {e}"
+            return self._failure(step, message, temporary=False, reached=bool(reached))
 
     async def _attempt(
         self,
@@ -213,77 +211,69 @@ class StepRunner:
         params: pydantic.BaseModel,
         *,
         undoing: bool,
+        reached: list[bool],
     ) -> _Result:
         check = await (action.check_undo(ctx, params) if undoing else action.check(ctx, params))
         if check.in_place:
-            return _Result(runs.StepStatus.SUCCEEDED, {"already_in_place": True, **check.output})
+            return _Result(
+                status=runs.StepStatus.SUCCEEDED,
+                output={"already_in_place": True, **check.output},
+            )
+        reached.append(True)
         output = await (action.undo(ctx, params) if undoing else action.apply(ctx, params))
-        return _Result(runs.StepStatus.SUCCEEDED, output)
+        return _Result(status=runs.StepStatus.SUCCEEDED, output=output, reached_apply=True)
+
+    @staticmethod
+    def _failed(message: str) -> _Result:
+        return _Result(status=runs.StepStatus.FAILED, output={}, error=message)
 
     def _failure(
         self,
         step: records.Step,
         message: str,
+        *,
         temporary: bool,
-        retry_after: float | None,
-        output: dict[str, Any],
+        reached: bool,
+        retry_after: float | None = None,
+        output: dict[str, Any] | None = None,
     ) -> _Result:
         retry_at = None
         if temporary:
-            policy = retry.RetryPolicy.model_validate(step.retry or {"max_attempts": 1})
-            policy = policy.model_copy(update={"max_attempts": step.max_attempts})
-            retry_at = policy.next_attempt_at(
-                attempt=step.attempt, now=self.services.clock(), retry_after=retry_after
+            retry_at = step.retry.next_attempt_at(
+                attempt=step.attempt,
+                now=self.services.clock(),
+                first_attempt_at=step.started_at,
+                retry_after=retry_after,
             )
-        status = runs.StepStatus.PENDING if retry_at else runs.StepStatus.FAILED
-        return _Result(status, output, message, retry_at)
+        return _Result(
+            status=runs.StepStatus.PENDING if retry_at else runs.StepStatus.FAILED,
+            output=output or {},
+            error=message,
+            retry_at=retry_at,
+            reached_apply=reached,
+        )
 
     async def _record(self, step: records.Step, result: _Result) -> None:
-        finished: list[str] = []
+        report = lifecycle.Report()
 
         def work(tx: store.Tx) -> None:
             current = tx.get_step(step.id)
             if current is None or current.lease_owner != self.owner:
                 logger.warning("step %s changed hands; result not recorded", step.id)
                 return
-            values: dict[str, Any] = {"output": result.output, "error": result.error}
-            reason = result.error or "done"
-            if result.retry_at is not None:
-                values |= {"due_at": result.retry_at, "lease_owner": None, "lease_expires_at": None}
-                reason = f"{result.error}; retry at {result.retry_at.isoformat()}"
-            moved = tx.transition_step(
+            lifecycle.finish_step(
+                tx,
                 current,
-                result.status,
-                actor=lifecycle.ENGINE,
-                reason=reason,
-                values=values,
-                expect_owner=self.owner,
-                event_data={"output": result.output} if result.output else None,
+                result,
+                owner=self.owner,
+                registry=self.services.registry,
+                report=report,
             )
-            finished.extend(self._after(tx, moved))
 
         try:
             await self.services.store.run("step.finish", work)
         except errors.Conflict as e:
             logger.warning("step %s: %s", step.id, e)
-        for playbook in finished:
-            self.services.observer.run_finished(playbook, runs.RunStatus.FAILED.value)
-
-    def _after(self, tx: store.Tx, step: records.Step) -> list[str]:
-        """Consequences of a recorded outcome; returns playbooks of runs it failed."""
-        self._account_disruption(tx, step)
-        if step.status is runs.StepStatus.SUCCEEDED and step.undo_of is not None:
-            original = tx.get_step(step.undo_of)
-            if original is not None and original.status is runs.StepStatus.SUCCEEDED:
-                tx.transition_step(
-                    original,
-                    runs.StepStatus.UNDONE,
-                    actor=lifecycle.ENGINE,
-                    reason=f"undone by step {step.id}",
-                )
-        if step.status is runs.StepStatus.FAILED and step.on_failure == "stop":
-            run = tx.get_run(step.run_id)
-            assert run is not None
-            lifecycle.stop_after_failure(tx, run, step)
-            return [run.playbook]
-        return []
+            return
+        if self.on_report is not None:
+            await self.on_report(report)

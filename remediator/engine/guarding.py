@@ -3,15 +3,16 @@
 A disruptive step of a live run passes the gate only if the guards allow it; then the node is
 recorded as disrupted in the same transaction, so two replicas cannot both take the last unit
 of budget (on Postgres every engine transaction is serialised by the audit chain head lock). A
-held step stays pending with a later due time and its reason in its output.
+held step stays pending with a later due time and its reason in its output; a new reason is
+reported once, so on-call hears which guard holds it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 
 from remediator.domain import guards, playbooks, records, runs
+from remediator.engine import lifecycle
 from remediator.ports import store
 
 
@@ -50,7 +51,9 @@ class Gate:
         members = [n for n, labels in self.fleet.items() if labels.get(config.pool_label) == pool]
         return pool, len(members)
 
-    def admit(self, tx: store.Tx, step: records.Step) -> bool:
+    def admit(
+        self, tx: store.Tx, step: records.Step, *, report: lifecycle.Report | None = None
+    ) -> bool:
         if step.phase is not runs.StepPhase.DO or step.action not in self.disruptive_actions:
             return True
         run = tx.get_run(step.run_id)
@@ -71,8 +74,13 @@ class Gate:
             open_breaker(tx, verdict.reason)
             self.tripped.append(verdict.reason)
         if not verdict.go:
-            tx.hold_step(
-                step, until=verdict.until or tx.now + config.recheck, reason=verdict.reason
+            lifecycle.hold_step(
+                tx,
+                step,
+                until=verdict.until or tx.now + config.recheck,
+                reason=verdict.reason,
+                kind=verdict.kind,
+                report=report,
             )
             return False
         if run.node is not None:
@@ -112,13 +120,3 @@ def reset_breaker(tx: store.Tx, *, principal: str, comment: str) -> dict[str, ob
 def breaker_status(tx: store.Tx) -> dict[str, object]:
     state = tx.get_guard_state("breaker")
     return {"open": bool(state.get("open")), **state}
-
-
-def over_daily_limit(
-    tx: store.Tx, config: guards.GuardConfig, node: str | None, now: dt.datetime
-) -> int | None:
-    """How many runs the node had in 24 h if that reaches the limit, else ``None``."""
-    if node is None:
-        return None
-    count = tx.count_node_runs(node, since=now - dt.timedelta(hours=24))
-    return count if count >= config.max_per_node_per_day else None

@@ -1,13 +1,27 @@
-"""Run lifecycle decisions taken inside one store transaction each.
+"""Run and step lifecycle: every change of state, decided in ``domain.transitions`` and
+applied here, inside one store transaction each. This module is the only caller of
+``Tx.apply``.
 
 - ``handle_episode``: a firing episode creates one run per matching playbook (the unique key
   ``(episode, playbook, kind)`` makes this idempotent across repeats and replicas); a resolved
-  episode cancels not-started steps of its runs and, where the playbook says ``undo``, creates
-  the undo run.
+  episode applies each run's ``on_resolve`` (cancel what has not started; ``undo`` plans the
+  undo run once the run has ended).
 - ``start_run``: a pending run takes its locks (the node, a playbook concurrency slot) and
   starts; without them it stays pending and is tried again later.
 - ``advance_run``: a running run with no active step either makes its next step due, parks it
-  for approval, or finishes the run and releases its locks.
+  for approval, or finishes the run. A running run whose alert resolved is advanced too: its
+  steps that went back to ``pending`` (a lost lease, a retry) are cancelled, never left waiting
+  for a claim that skips resolved runs.
+- ``finish_step``: the one way a claimed step ends, whoever reports it: its worker, the
+  sweeper after lost leases, or a shutdown. Disruption accounting, marking undone originals
+  and ``on_failure`` all follow from here.
+- ``finish_run``: the one way a run ends. It releases the run's node lock and concurrency slot
+  in the same transaction, frees the disruption budget a run without any effect took, and
+  plans the undo run when the alert has resolved and the playbook says ``undo``.
+
+Each function records what people should hear about (runs that ended, steps held or parked,
+runs suppressed or waiting) in a ``Report``; the worker sends those notifications and metrics
+after the transaction commits.
 """
 
 from __future__ import annotations
@@ -15,22 +29,36 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+from collections.abc import Iterable
 
-from remediator.domain import alerts, errors, guards, playbooks, records, runs
+from remediator.domain import alerts, errors, guards, playbooks, records, runs, transitions
 from remediator.engine import approvals, planning
 from remediator.ports import actions, store
 
 logger = logging.getLogger("remediator.engine")
 
-ENGINE = "engine"
+ENGINE = transitions.ENGINE
 
 
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What a lifecycle step did, for metrics and wake-ups."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Notice:
+    """Something on-call should hear once: a held or parked step, a suppressed or waiting run,
+    a run that ended badly. ``key`` makes the notification idempotent."""
 
+    kind: str  # held | approval | suppressed | waiting | undo_failed
+    reason: str
+    key: str
+    run_id: int | None = None
+    playbook: str = ""
+    node: str | None = None
+    unblock: str = ""
+
+
+@dataclasses.dataclass
+class Report:
     runs_created: int = 0
-    runs_finished: tuple[tuple[str, str], ...] = ()
+    finished: list[records.Run] = dataclasses.field(default_factory=list)
+    notices: list[Notice] = dataclasses.field(default_factory=list)
 
 
 def handle_episode(
@@ -41,7 +69,9 @@ def handle_episode(
     registry: actions.Registry,
     dry_run: bool,
     guard_base: guards.GuardConfig | None = None,
+    report: Report | None = None,
 ) -> int:
+    report = report if report is not None else Report()
     created = 0
     if episode.status is alerts.AlertStatus.FIRING:
         for playbook in index.match(episode.labels):
@@ -52,6 +82,7 @@ def handle_episode(
                 registry,
                 dry_run=dry_run,
                 guard_base=guard_base or guards.GuardConfig(),
+                report=report,
             )
     elif episode.handled_status is None:
         tx.add_event(
@@ -63,8 +94,9 @@ def handle_episode(
     else:
         for run in tx.runs_of_episode(episode.id):
             if run.kind is runs.RunKind.ALERT:
-                created += resolve_run(tx, run)
+                created += resolve_run(tx, run, registry=registry, report=report)
     tx.mark_episode_handled(episode)
+    report.runs_created += created
     return created
 
 
@@ -76,6 +108,7 @@ def _create_alert_run(
     *,
     dry_run: bool,
     guard_base: guards.GuardConfig,
+    report: Report,
 ) -> int:
     new = planning.plan_alert_run(playbook, episode, registry, dry_run=dry_run)
     new = _escalate_repeat_offender(tx, new, playbook.guards.apply(guard_base), registry)
@@ -84,12 +117,23 @@ def _create_alert_run(
         if playbook.cooldown_per == "gpu":
             key = f"{key}:{new.gpu or '-'}"
         if not tx.try_lock(key, run_id=None, expires_at=tx.now + playbook.cooldown):
+            reason = f"playbook {playbook.name} is cooling down on node {new.node}"
             tx.add_event(
                 "run.suppressed",
                 actor=ENGINE,
                 episode_id=episode.id,
-                reason=f"playbook {playbook.name} is cooling down on node {new.node}",
+                reason=reason,
                 data={"playbook": playbook.name, "node": new.node},
+            )
+            report.notices.append(
+                Notice(
+                    kind="suppressed",
+                    reason=reason,
+                    key=f"suppressed-{episode.id}-{playbook.name}",
+                    playbook=playbook.name,
+                    node=new.node,
+                    unblock=f"the cooldown of {playbook.cooldown} ends",
+                )
             )
             return 0
     return 1 if tx.insert_run(new, actor=ENGINE) is not None else 0
@@ -120,9 +164,26 @@ def _escalate_repeat_offender(
     return dataclasses.replace(new, steps=gated, reason=reason)
 
 
-def resolve_run(tx: store.Tx, run: records.Run) -> int:
+def alert_resolved(tx: store.Tx, run: records.Run) -> bool:
+    """Whether ``run`` should stop because its alert resolved (never for ``continue``)."""
+    if run.kind is not runs.RunKind.ALERT or run.episode_id is None:
+        return False
+    if run.on_resolve is playbooks.ResolvePolicy.CONTINUE:
+        return False
+    episode = tx.get_episode(run.episode_id)
+    return episode is not None and episode.status is alerts.AlertStatus.RESOLVED
+
+
+def resolve_run(
+    tx: store.Tx,
+    run: records.Run,
+    *,
+    registry: actions.Registry,
+    report: Report | None = None,
+) -> int:
     """The alert behind ``run`` resolved: apply the playbook's ``on_resolve`` policy."""
-    policy = playbooks.ResolvePolicy(run.on_resolve)
+    report = report if report is not None else Report()
+    policy = run.on_resolve
     tx.add_event(
         "run.alert_resolved",
         actor=ENGINE,
@@ -132,19 +193,38 @@ def resolve_run(tx: store.Tx, run: records.Run) -> int:
     )
     if policy is playbooks.ResolvePolicy.CONTINUE:
         return 0
-    steps = tx.steps_of_run(run.id)
     if run.status in runs.RUN_ACTIVE:
-        for step in steps:
-            if step.status in (runs.StepStatus.PENDING, runs.StepStatus.WAITING_APPROVAL):
-                tx.transition_step(
-                    step, runs.StepStatus.CANCELLED, actor=ENGINE, reason="alert resolved"
-                )
-        if not any(step.status is runs.StepStatus.RUNNING for step in steps):
-            finish_run(tx, run, runs.RunStatus.CANCELLED, reason="alert resolved")
+        _cancel_for_resolution(tx, run, registry=registry, report=report)
         return 0
     if policy is playbooks.ResolvePolicy.UNDO:
-        return create_undo_run(tx, run, steps)
+        return create_undo_run(tx, run, tx.steps_of_run(run.id))
     return 0
+
+
+def _cancel_for_resolution(
+    tx: store.Tx, run: records.Run, *, registry: actions.Registry, report: Report
+) -> None:
+    """Cancel the steps that have not started; end the run unless a step is still running
+    (then its end, through ``finish_step``, lets ``advance_run`` end the run)."""
+    steps = tx.steps_of_run(run.id)
+    for step in steps:
+        if step.status in (runs.StepStatus.PENDING, runs.StepStatus.WAITING_APPROVAL):
+            tx.apply(
+                transitions.end(
+                    step, runs.StepStatus.CANCELLED, now=tx.now, reason="alert resolved"
+                )
+            )
+    if not any(step.status is runs.StepStatus.RUNNING for step in steps):
+        current = tx.get_run(run.id)
+        if current is not None and current.status in runs.RUN_ACTIVE:
+            finish_run(
+                tx,
+                current,
+                runs.RunStatus.CANCELLED,
+                reason="alert resolved",
+                registry=registry,
+                report=report,
+            )
 
 
 def create_undo_run(tx: store.Tx, run: records.Run, steps: list[records.Step]) -> int:
@@ -154,7 +234,9 @@ def create_undo_run(tx: store.Tx, run: records.Run, steps: list[records.Step]) -
     return 1 if tx.insert_run(new, actor=ENGINE) is not None else 0
 
 
-def start_run(tx: store.Tx, run: records.Run, *, concurrency: int) -> bool:
+def start_run(
+    tx: store.Tx, run: records.Run, *, concurrency: int, report: Report | None = None
+) -> bool:
     taken: list[str] = []
     if run.exclusive and run.node:
         key = f"node:{run.node}"
@@ -166,59 +248,267 @@ def start_run(tx: store.Tx, run: records.Run, *, concurrency: int) -> bool:
     free = (f"{prefix}{slot}" for slot in range(concurrency) if f"{prefix}{slot}" not in held)
     if not any(tx.try_lock(key, run_id=run.id, expires_at=None) for key in free):
         tx.release_locks(taken)
+        # Said once per run: the marker is a lock of the run's, released when it ends.
+        if report is not None and tx.try_lock(f"noted:{run.id}", run_id=run.id, expires_at=None):
+            reason = f"playbook {run.playbook} already has {concurrency} active runs"
+            tx.add_event("run.waiting", actor=ENGINE, run_id=run.id, reason=reason)
+            report.notices.append(
+                Notice(
+                    kind="waiting",
+                    reason=reason,
+                    key=f"waiting-{run.id}",
+                    run_id=run.id,
+                    playbook=run.playbook,
+                    node=run.node,
+                    unblock="one of the playbook's active runs ends",
+                )
+            )
         return False
-    tx.transition_run(run, runs.RunStatus.RUNNING, actor=ENGINE, reason="locks acquired")
+    tx.apply(transitions.move_run(run, runs.RunStatus.RUNNING, reason="locks acquired"))
     return True
 
 
-def advance_run(tx: store.Tx, run: records.Run) -> tuple[str, str] | None:
-    """Make the next step due, park for approval, or finish. Returns a finished run's status."""
+def advance_run(
+    tx: store.Tx,
+    run: records.Run,
+    *,
+    registry: actions.Registry,
+    report: Report | None = None,
+) -> tuple[str, str] | None:
+    """Make the next step due, park it for approval, or finish. Returns a finished run's
+    (playbook, status)."""
+    report = report if report is not None else Report()
+    if alert_resolved(tx, run):
+        _cancel_for_resolution(tx, run, registry=registry, report=report)
+        current = tx.get_run(run.id)
+        if current is not None and current.status in runs.RUN_TERMINAL:
+            return (current.playbook, current.status.value)
+        return None
     steps = tx.steps_of_run(run.id)
     for step in steps:
         if step.status is not runs.StepStatus.PENDING:
             continue
         if step.requires_approval and step.phase is runs.StepPhase.DO:
-            tx.transition_step(
-                step, runs.StepStatus.WAITING_APPROVAL, actor=ENGINE, reason="needs approval"
+            tx.apply(transitions.park(step))
+            tx.apply(
+                transitions.move_run(
+                    run, runs.RunStatus.WAITING_APPROVAL, reason=f"step {step.key}"
+                )
             )
-            tx.transition_run(
-                run, runs.RunStatus.WAITING_APPROVAL, actor=ENGINE, reason=f"step {step.key}"
+            report.notices.append(
+                Notice(
+                    kind="approval",
+                    reason=f"step {step.key} ({step.action}) needs approval",
+                    key=f"approval-{step.id}",
+                    run_id=run.id,
+                    playbook=run.playbook,
+                    node=run.node,
+                    unblock=f"an operator approves step {step.id} of run {run.id}",
+                )
             )
         else:
-            tx.set_step_due(step, tx.now)
+            tx.apply(transitions.make_due(step, now=tx.now))
         return None
     final = runs.final_run_status([step.status for step in steps])
     if final is None:
         return None
-    finish_run(tx, run, final, reason="all steps finished")
+    finish_run(tx, run, final, reason="all steps finished", registry=registry, report=report)
     return (run.playbook, final.value)
 
 
 def finish_run(
-    tx: store.Tx, run: records.Run, status: runs.RunStatus, *, reason: str
+    tx: store.Tx,
+    run: records.Run,
+    status: runs.RunStatus,
+    *,
+    reason: str,
+    registry: actions.Registry | None = None,
+    report: Report | None = None,
 ) -> records.Run:
-    finished = tx.transition_run(run, status, actor=ENGINE, reason=reason)
+    """End a run: its locks and slot go with it, the disruption budget it took without any
+    effect is freed, and a resolved alert's undo is planned."""
+    finished = tx.apply(transitions.move_run(run, status, reason=reason))
     tx.release_run_locks(run.id)
+    steps = tx.steps_of_run(run.id)
+    if registry is not None and not _has_disruptive_effect(steps, registry):
+        tx.release_disruptions(run_id=run.id)
     if (
         run.kind is runs.RunKind.ALERT
         and run.episode_id is not None
-        and run.on_resolve == playbooks.ResolvePolicy.UNDO.value
+        and run.on_resolve is playbooks.ResolvePolicy.UNDO
     ):
         episode = tx.get_episode(run.episode_id)
         if episode is not None and episode.status is alerts.AlertStatus.RESOLVED:
-            create_undo_run(tx, finished, tx.steps_of_run(run.id))
+            create_undo_run(tx, finished, steps)
+    if report is not None:
+        report.finished.append(finished)
+        if run.kind is runs.RunKind.UNDO and status is not runs.RunStatus.SUCCEEDED:
+            failed = [s.key for s in steps if s.status is runs.StepStatus.FAILED]
+            report.notices.append(
+                Notice(
+                    kind="undo_failed",
+                    reason=f"undo run {run.id} ended {status.value}"
+                    + (f": {', '.join(failed)} failed" if failed else ""),
+                    key=f"undo-failed-{run.id}",
+                    run_id=run.id,
+                    playbook=run.playbook,
+                    node=run.node,
+                    unblock="an operator restores the node by hand (see the run's steps)",
+                )
+            )
     return finished
 
 
-def stop_after_failure(tx: store.Tx, run: records.Run, failed: records.Step) -> None:
+def _has_disruptive_effect(steps: Iterable[records.Step], registry: actions.Registry) -> bool:
+    return any(
+        step.phase is runs.StepPhase.DO
+        and step.action in registry
+        and registry.get(step.action).disruptive
+        and step.effect in runs.EFFECTS_TO_UNDO
+        for step in steps
+    )
+
+
+def stop_after_failure(
+    tx: store.Tx,
+    run: records.Run,
+    failed: records.Step,
+    *,
+    registry: actions.Registry | None = None,
+    report: Report | None = None,
+) -> None:
     for step in tx.steps_of_run(run.id):
         if step.status is runs.StepStatus.PENDING:
-            tx.transition_step(
-                step, runs.StepStatus.SKIPPED, actor=ENGINE, reason=f"step {failed.key} failed"
+            tx.apply(
+                transitions.end(
+                    step, runs.StepStatus.SKIPPED, now=tx.now, reason=f"step {failed.key} failed"
+                )
             )
     current = tx.get_run(run.id)
     if current is not None and current.status in runs.RUN_ACTIVE:
-        finish_run(tx, current, runs.RunStatus.FAILED, reason=f"step {failed.key} failed")
+        finish_run(
+            tx,
+            current,
+            runs.RunStatus.FAILED,
+            reason=f"step {failed.key} failed",
+            registry=registry,
+            report=report,
+        )
+
+
+# -- steps -----------------------------------------------------------------------------------
+
+
+def claim_step(
+    tx: store.Tx, step: records.Step, *, owner: str, lease_until: dt.datetime
+) -> records.Step:
+    return tx.apply(transitions.claim(step, owner=owner, lease_until=lease_until, now=tx.now))
+
+
+def hold_step(
+    tx: store.Tx,
+    step: records.Step,
+    *,
+    until: dt.datetime,
+    reason: str,
+    kind: str = "",
+    report: Report | None = None,
+) -> None:
+    change = transitions.hold(step, until=until, reason=reason, kind=kind)
+    tx.apply(change)
+    if change.event is not None and report is not None:
+        run = tx.get_run(step.run_id)
+        report.notices.append(
+            Notice(
+                kind="held",
+                reason=f"step {step.key} ({step.action}) held: {reason}",
+                key=f"held-{step.id}-{reason}",
+                run_id=step.run_id,
+                playbook=run.playbook if run else "",
+                node=run.node if run else None,
+                unblock=f"rechecked at {until.isoformat()}",
+            )
+        )
+
+
+def finish_step(
+    tx: store.Tx,
+    step: records.Step,
+    result: transitions.Result,
+    *,
+    owner: str | None,
+    registry: actions.Registry,
+    report: Report | None = None,
+) -> records.Step:
+    """Record how an attempt ended and what follows from it. A retry of a run whose alert
+    resolved is a cancellation instead (nothing would ever claim it)."""
+    report = report if report is not None else Report()
+    run = tx.get_run(step.run_id)
+    assert run is not None
+    if (
+        result.status is runs.StepStatus.PENDING
+        and step.phase is runs.StepPhase.DO
+        and alert_resolved(tx, run)
+    ):
+        result = dataclasses.replace(
+            result,
+            status=runs.StepStatus.CANCELLED,
+            retry_at=None,
+            error=f"{result.error}; alert resolved, not retried",
+        )
+    moved = tx.apply(transitions.finish(step, result, owner=owner, now=tx.now))
+    _account_disruption(tx, moved, run, registry)
+    if moved.status is runs.StepStatus.SUCCEEDED and moved.undo_of is not None:
+        original = tx.get_step(moved.undo_of)
+        if original is not None and original.effect in runs.EFFECTS_TO_UNDO:
+            tx.apply(transitions.undone(original, by=moved))
+    if moved.status is runs.StepStatus.FAILED and moved.on_failure is playbooks.OnFailure.STOP:
+        stop_after_failure(tx, run, moved, registry=registry, report=report)
+    return moved
+
+
+def release_step(
+    tx: store.Tx,
+    step: records.Step,
+    *,
+    reason: str,
+    give_up: bool,
+    registry: actions.Registry,
+    report: Report | None = None,
+) -> records.Step:
+    """A running step whose worker is gone (lease expired) or stopping (shutdown): hand it
+    back for another attempt, or end it through ``finish_step`` when its workers keep dying
+    (``give_up``) or its alert resolved. Either way its effect is ``unknown`` from now on."""
+    run = tx.get_run(step.run_id)
+    resolved = run is not None and step.phase is runs.StepPhase.DO and alert_resolved(tx, run)
+    if give_up or resolved:
+        status = runs.StepStatus.CANCELLED if resolved else runs.StepStatus.FAILED
+        why = f"{reason}; alert resolved" if resolved else reason
+        return finish_step(
+            tx,
+            step,
+            transitions.Result(status=status, output=step.output, error=why, reached_apply=True),
+            owner=None,
+            registry=registry,
+            report=report,
+        )
+    return tx.apply(transitions.requeue(step, due_at=tx.now, reason=reason))
+
+
+def _account_disruption(
+    tx: store.Tx, step: records.Step, run: records.Run, registry: actions.Registry
+) -> None:
+    """A node returned to service (uncordoned, or a cordon undone) frees its budget."""
+    if run.node is None or step.status is not runs.StepStatus.SUCCEEDED:
+        return
+    if step.action not in registry:
+        return
+    action = registry.get(step.action)
+    undoing = step.phase is runs.StepPhase.UNDO and (
+        step.undo is None or step.undo.mode is records.UndoMode.UNDO
+    )
+    if action.undo_returns_to_service if undoing else action.returns_to_service:
+        tx.release_disruptions(node=run.node)
 
 
 def decide_approval(
@@ -265,15 +555,10 @@ def decide_approval(
             data={"key": step.key, "action": step.action} | data,
         )
         return step
-    moved = tx.transition_step(
-        step,
-        runs.StepStatus.PENDING,
-        actor=principal,
-        reason=comment,
-        values={"due_at": tx.now},
-        event_data=data,
+    moved = tx.apply(
+        transitions.approve(step, now=tx.now, actor=principal, reason=comment, data=data)
     )
-    tx.transition_run(run, runs.RunStatus.RUNNING, actor=principal, reason=comment)
+    tx.apply(transitions.move_run(run, runs.RunStatus.RUNNING, actor=principal, reason=comment))
     return moved
 
 
@@ -287,11 +572,19 @@ def _reject(
     data: dict[str, object],
     to: runs.StepStatus = runs.StepStatus.REJECTED,
 ) -> records.Step:
-    moved = tx.transition_step(step, to, actor=actor, reason=reason, event_data=dict(data))
+    moved = tx.apply(
+        transitions.end(step, to, now=tx.now, reason=reason, data=dict(data), actor=actor)
+    )
     for other in tx.steps_of_run(run.id):
         if other.status is runs.StepStatus.PENDING:
-            tx.transition_step(
-                other, runs.StepStatus.SKIPPED, actor=actor, reason=f"run {to.value}"
+            tx.apply(
+                transitions.end(
+                    other,
+                    runs.StepStatus.SKIPPED,
+                    now=tx.now,
+                    reason=f"run {to.value}",
+                    actor=actor,
+                )
             )
     final = runs.RunStatus.REJECTED if to is runs.StepStatus.REJECTED else runs.RunStatus.CANCELLED
     finish_run(tx, run, final, reason=reason)

@@ -100,18 +100,18 @@ def plan_steps(
                 approvals_required=step.approvals,
                 max_attempts=step.retries.max_attempts,
                 timeout_seconds=step.timeout.total_seconds(),
-                on_failure=step.on_failure.value,
+                on_failure=step.on_failure,
                 undo=(
-                    {
-                        "action": undo.action or step.action,
-                        "mode": "apply" if undo.action else "undo",
-                        "params": templating.render_params(undo.params, context),
-                        "timeout_seconds": undo.timeout.total_seconds(),
-                    }
+                    records.UndoPlan(
+                        action=undo.action or step.action,
+                        mode=records.UndoMode.APPLY if undo.action else records.UndoMode.UNDO,
+                        params=templating.render_params(undo.params, context),
+                        timeout_seconds=undo.timeout.total_seconds(),
+                    )
                     if undo
                     else None
                 ),
-                retry=step.retries.model_dump(mode="json"),
+                retry=step.retries,
             )
         )
     return tuple(planned)
@@ -133,7 +133,7 @@ def plan_alert_run(
         gpu=target.gpu,
         exclusive=playbook.exclusive,
         dry_run=dry_run or playbook.dry_run,
-        on_resolve=playbook.on_resolve.value,
+        on_resolve=playbook.on_resolve,
         reason=f"{episode.alertname} fired",
     )
     if playbook.target.require_node and not target.node:
@@ -163,32 +163,26 @@ def plan_alert_run(
 
 
 def plan_undo_run(run: records.Run, steps: list[records.Step]) -> records.NewRun | None:
-    """The undo of every succeeded step that declared one, newest first."""
+    """The undo of every step that declared one and whose effect may be in place, newest first.
+
+    "May be in place" is the step's recorded effect, not its status: a step that reached its
+    apply and then failed, timed out, lost its worker or was cancelled by the resolution is
+    undone too (the undo's ``check_undo`` finds out whether anything is left to restore).
+    """
     undoable = [
         step
         for step in steps
         if step.phase is runs.StepPhase.DO
-        and step.status is runs.StepStatus.SUCCEEDED
+        and step.effect in runs.EFFECTS_TO_UNDO
         and step.undo is not None
         and not step.output.get("dry_run")
     ]
     if not undoable:
         return None
     planned = tuple(
-        records.NewStep(
-            seq=seq,
-            key=f"undo-{step.key}",
-            phase=runs.StepPhase.UNDO,
-            action=str(step.undo["action"]) if step.undo else step.action,
-            params=dict(step.undo.get("params") or step.params) if step.undo else step.params,
-            max_attempts=max(step.max_attempts, 3),
-            timeout_seconds=float(step.undo.get("timeout_seconds", 300)) if step.undo else 300.0,
-            on_failure=playbooks.OnFailure.CONTINUE.value,
-            undo_of=step.id,
-            undo={"mode": str(step.undo.get("mode", "undo")) if step.undo else "undo"},
-            retry=step.retry | {"max_attempts": max(step.max_attempts, 3)},
-        )
+        _undo_step(seq, step, step.undo)
         for seq, step in enumerate(reversed(undoable))
+        if step.undo is not None
     )
     return records.NewRun(
         playbook=run.playbook,
@@ -199,9 +193,28 @@ def plan_undo_run(run: records.Run, steps: list[records.Step]) -> records.NewRun
         gpu=run.gpu,
         exclusive=run.exclusive,
         dry_run=run.dry_run,
-        on_resolve=playbooks.ResolvePolicy.CONTINUE.value,
+        on_resolve=playbooks.ResolvePolicy.CONTINUE,
         reason=f"alert resolved: undo run {run.id}",
         steps=planned,
+    )
+
+
+def _undo_step(seq: int, step: records.Step, undo: records.UndoPlan) -> records.NewStep:
+    """An undo step: every undo is attempted (``on_failure: continue``) and retried for at
+    least as long as its original; a failed one makes the undo run ``failed``."""
+    attempts = max(step.max_attempts, 3)
+    return records.NewStep(
+        seq=seq,
+        key=f"undo-{step.key}",
+        phase=runs.StepPhase.UNDO,
+        action=undo.action,
+        params=dict(undo.params or step.params),
+        max_attempts=attempts,
+        timeout_seconds=undo.timeout_seconds,
+        on_failure=playbooks.OnFailure.CONTINUE,
+        undo_of=step.id,
+        undo=undo,
+        retry=step.retry.model_copy(update={"max_attempts": attempts}),
     )
 
 
@@ -226,7 +239,7 @@ def plan_manual_run(
         dry_run=dry_run or playbook.dry_run,
         principal=principal,
         params=dict(params),
-        on_resolve=playbooks.ResolvePolicy.CONTINUE.value,
+        on_resolve=playbooks.ResolvePolicy.CONTINUE,
         reason=f"triggered by {principal}",
     )
     context = template_context(

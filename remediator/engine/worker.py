@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from typing import Protocol
 
-from remediator.domain import errors, playbooks, records, runs
+from remediator.domain import errors, playbooks, records
 from remediator.domain import guards as guards_mod
 from remediator.engine import executor, guarding, lifecycle, silencing
 from remediator.ports import store
@@ -65,6 +65,7 @@ class Engine:
         self.runner = executor.StepRunner(
             services, owner=self.owner, lease_seconds=settings.lease_seconds
         )
+        self.runner.on_report = self.publish
         self._wake = asyncio.Event()
         self._in_flight: dict[int, asyncio.Task[None]] = {}
         self._gpu_nodes: tuple[dt.datetime, dict[str, dict[str, str]]] | None = None
@@ -79,12 +80,25 @@ class Engine:
         self._wake.set()
 
     async def run_forever(self) -> None:
+        """Passes until ``stop``. A pass that raises never ends the loop: the next poll tries
+        again, and the observer counts the failures (``/readyz`` turns not-ready on a streak)."""
+        failures = 0  # in a row: the first logs its traceback, the rest one line each
         while not self._stopping:
             try:
                 busy = await self.tick()
-            except errors.StoreUnavailable as e:
-                logger.warning("engine pass skipped: %s", e)
+            except Exception as e:
+                failures += 1
+                if isinstance(e, errors.StoreUnavailable):
+                    logger.warning("engine pass skipped: %s", e)
+                else:
+                    logger.error(
+                        "engine pass failed (%d in a row): %r", failures, e, exc_info=failures == 1
+                    )
+                self.services.observer.pass_finished(at=self.services.clock(), error=e)
                 busy = False
+            else:
+                failures = 0
+                self.services.observer.pass_finished(at=self.services.clock())
             if not busy:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
@@ -116,29 +130,33 @@ class Engine:
     async def handle_episodes(self) -> bool:
         index, registry, dry_run = self.rules.index, self.services.registry, self.settings.dry_run
 
-        def work(tx: store.Tx) -> tuple[int, int]:
-            handled = created = 0
+        report = lifecycle.Report()
+
+        def work(tx: store.Tx) -> int:
+            handled = 0
             for episode in tx.lock_unhandled_episodes(self.settings.batch):
                 if handled and tx.should_yield():
                     break  # the rest stay unhandled for the next pass
-                created += lifecycle.handle_episode(
+                lifecycle.handle_episode(
                     tx,
                     episode,
                     index=index,
                     registry=registry,
                     dry_run=dry_run,
                     guard_base=self.settings.guards,
+                    report=report,
                 )
                 handled += 1
-            return handled, created
+            return handled
 
-        handled, created = await self.services.store.run("episodes", work)
-        if created:
-            self.services.observer.runs_created(created)
+        handled = await self.services.store.run("episodes", work)
+        await self.publish(report)
         return bool(handled)
 
     async def start_runs(self) -> bool:
         index = self.rules.index
+
+        report = lifecycle.Report()
 
         def work(tx: store.Tx) -> bool:
             started = False
@@ -147,25 +165,27 @@ class Engine:
                     return True  # come back for the rest
                 playbook = index.get(run.playbook)
                 concurrency = playbook.concurrency if playbook else 1
-                started |= lifecycle.start_run(tx, run, concurrency=concurrency)
+                started |= lifecycle.start_run(tx, run, concurrency=concurrency, report=report)
             return started
 
-        return await self.services.store.run("start", work)
+        started = await self.services.store.run("start", work)
+        await self.publish(report)
+        return started
 
     async def advance_runs(self) -> bool:
-        def work(tx: store.Tx) -> tuple[bool, list[tuple[str, str]]]:
-            finished = []
+        report = lifecycle.Report()
+        registry = self.services.registry
+
+        def work(tx: store.Tx) -> bool:
             candidates = tx.active_runs_with_no_active_step(self.settings.batch)
             for n, run in enumerate(candidates):
                 if n and tx.should_yield():
                     break
-                if done := lifecycle.advance_run(tx, run):
-                    finished.append(done)
-            return bool(candidates), finished
+                lifecycle.advance_run(tx, run, registry=registry, report=report)
+            return bool(candidates)
 
-        busy, finished = await self.services.store.run("advance", work)
-        for playbook, state in finished:
-            self.services.observer.run_finished(playbook, state)
+        busy = await self.services.store.run("advance", work)
+        await self.publish(report)
         return busy
 
     async def claim_steps(self) -> bool:
@@ -180,6 +200,7 @@ class Engine:
             disruptive_actions=self.disruptive_actions,
             fleet=await self._fleet(),
         )
+        report = lifecycle.Report()
 
         def work(tx: store.Tx) -> tuple[list[records.Step], dt.datetime, list[str]]:
             until = lifecycle.lease_until(tx.now, self.settings.lease_seconds)
@@ -187,11 +208,14 @@ class Engine:
             for n, step in enumerate(tx.lock_due_steps(room)):
                 if n and tx.should_yield():
                     break  # still due: the next pass claims it
-                if gate.admit(tx, step):
-                    claimed.append(tx.claim_step(step, owner=self.owner, lease_until=until))
+                if gate.admit(tx, step, report=report):
+                    claimed.append(
+                        lifecycle.claim_step(tx, step, owner=self.owner, lease_until=until)
+                    )
             return claimed, tx.now, gate.tripped
 
         claimed, now, tripped = await self.services.store.run("claim", work)
+        await self.publish(report)
         for reason in tripped:
             await self._announce_breaker(reason)
         await self._silence(claimed)
@@ -242,6 +266,39 @@ class Engine:
             self._gpu_nodes = (now, {node.name: dict(node.labels) for node in nodes})
         return self._gpu_nodes[1]
 
+    async def publish(self, report: lifecycle.Report) -> None:
+        """After a transaction committed: metrics, and what on-call should hear about."""
+        observer = self.services.observer
+        if report.runs_created:
+            observer.runs_created(report.runs_created)
+        for run in report.finished:
+            observer.run_finished(run.playbook, run.status.value)
+        for notice in report.notices:
+            observer.notice(notice.kind)
+            await self._tell(notice)
+
+    async def _tell(self, notice: lifecycle.Notice) -> None:
+        where = f" on node {notice.node}" if notice.node else ""
+        run = f"run {notice.run_id} ({notice.playbook})" if notice.run_id else notice.playbook
+        message = f"remediator: {run}{where}: {notice.reason}."
+        if notice.unblock:
+            message += f" It goes on when {notice.unblock}."
+        try:
+            await self.services.notifier.send(
+                channel=self.settings.guard_channel,
+                message=message,
+                data={
+                    "event": notice.kind,
+                    "reason": notice.reason,
+                    "run_id": notice.run_id,
+                    "playbook": notice.playbook,
+                    "node": notice.node,
+                },
+                idempotency_key=notice.key,
+            )
+        except errors.RemediatorError as e:
+            logger.error("could not send the %s notice for %s: %s", notice.kind, run, e)
+
     async def _announce_breaker(self, reason: str) -> None:
         try:
             await self.services.notifier.send(
@@ -282,40 +339,37 @@ class Engine:
         raise RuntimeError(f"engine still busy after {max_passes} passes")
 
     async def sweep(self) -> bool:
-        """Hand back steps whose worker stopped renewing its lease (crashed or partitioned)."""
+        """Hand back steps whose worker stopped renewing its lease (crashed or partitioned);
+        after ``max_lost_leases`` beyond the step's attempts, and once its retry time is
+        spent, end it as failed instead (a step that kills its workers)."""
         mine = set(self._in_flight)
+        registry = self.services.registry
+        report = lifecycle.Report()
 
         def work(tx: store.Tx) -> bool:
             expired = tx.expired_leases(self.settings.batch)
             for step in expired:
                 if step.id in mine:
                     continue
-                lost = step.attempt >= step.max_attempts + self.settings.max_lost_leases
-                if lost:
-                    reason = (
-                        f"worker {step.lease_owner} lost; gave up after {step.attempt} attempts"
-                    )
-                    moved = tx.transition_step(
-                        step,
-                        runs.StepStatus.FAILED,
-                        actor=lifecycle.ENGINE,
-                        reason=reason,
-                        values={"error": reason},
-                    )
-                    run = tx.get_run(step.run_id)
-                    if run is not None and moved.on_failure == "stop":
-                        lifecycle.stop_after_failure(tx, run, moved)
-                    continue
-                tx.transition_step(
-                    step,
-                    runs.StepStatus.PENDING,
-                    actor=lifecycle.ENGINE,
-                    reason=f"lease of {step.lease_owner} expired; re-queued (effect re-checked)",
-                    values={"lease_owner": None, "lease_expires_at": None, "due_at": tx.now},
+                retry_at = step.retry.next_attempt_at(
+                    attempt=max(step.attempt - self.settings.max_lost_leases, 0),
+                    now=tx.now,
+                    first_attempt_at=step.started_at,
+                )
+                give_up = retry_at is None
+                reason = (
+                    f"worker {step.lease_owner} lost; gave up after {step.attempt} attempts"
+                    if give_up
+                    else f"lease of {step.lease_owner} expired; re-queued (effect re-checked)"
+                )
+                lifecycle.release_step(
+                    tx, step, reason=reason, give_up=give_up, registry=registry, report=report
                 )
             return bool(expired)
 
-        return await self.services.store.run("sweep", work)
+        swept = await self.services.store.run("sweep", work)
+        await self.publish(report)
+        return swept
 
     async def stop(self) -> None:
         """Stop claiming; let in-flight steps finish within the grace period; hand back the rest."""
@@ -331,14 +385,16 @@ class Engine:
         await self._release_own_leases()
 
     async def _release_own_leases(self) -> None:
+        registry = self.services.registry
+
         def work(tx: store.Tx) -> None:
             for step in tx.steps_leased_by(self.owner):
-                tx.transition_step(
+                lifecycle.release_step(
+                    tx,
                     step,
-                    runs.StepStatus.PENDING,
-                    actor=lifecycle.ENGINE,
                     reason="worker shutting down; handed back (effect re-checked)",
-                    values={"lease_owner": None, "lease_expires_at": None, "due_at": tx.now},
+                    give_up=False,
+                    registry=registry,
                 )
 
         with contextlib.suppress(errors.StoreUnavailable):

@@ -76,6 +76,10 @@ class Action(abc.ABC, Generic[P]):
     params_model: ClassVar[type[pydantic.BaseModel]]
     disruptive: ClassVar[bool] = False
     supports_undo: ClassVar[bool] = False
+    #: Applying it returns the node to service (frees the node's disruption budget).
+    returns_to_service: ClassVar[bool] = False
+    #: Undoing it returns the node to service (the undo of a cordon).
+    undo_returns_to_service: ClassVar[bool] = False
 
     @abc.abstractmethod
     async def check(self, ctx: ActionContext, params: P) -> Check:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Protocol
 
 
@@ -10,6 +11,11 @@ class Observer(Protocol):
     def runs_created(self, count: int) -> None: ...
     def step_finished(self, action: str, outcome: str, seconds: float) -> None: ...
     def claim_lag(self, seconds: float) -> None: ...
+    # An engine pass ended at ``at``: it completed, or raised ``error`` (the loop goes on).
+    def pass_finished(self, *, at: dt.datetime, error: Exception | None = None) -> None: ...
+    def notice(self, kind: str) -> None:
+        """Something on-call was told: a held or parked step, a suppressed or waiting run."""
+        ...
 
 
 class NullObserver:
@@ -23,4 +29,10 @@ class NullObserver:
         return None
 
     def claim_lag(self, seconds: float) -> None:
+        return None
+
+    def pass_finished(self, *, at: dt.datetime, error: Exception | None = None) -> None:
+        return None
+
+    def notice(self, kind: str) -> None:
         return None

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, overload
 
-from remediator.domain import guards, records, runs
+from remediator.domain import guards, records, transitions
 
 T = TypeVar("T")
 
@@ -51,41 +51,23 @@ class Tx(Protocol):
     def get_step(self, step_id: int) -> records.Step | None: ...
     def lock_pending_runs(self, limit: int) -> list[records.Run]: ...
 
-    def transition_run(
-        self,
-        run: records.Run | int,
-        to: runs.RunStatus,
-        *,
-        actor: str,
-        reason: str = "",
-        data: dict[str, Any] | None = None,
-    ) -> records.Run: ...
-
-    def transition_step(
-        self,
-        step: records.Step,
-        to: runs.StepStatus,
-        *,
-        actor: str,
-        reason: str = "",
-        values: dict[str, Any] | None = None,
-        expect_owner: str | None = None,
-        event_data: dict[str, Any] | None = None,
-    ) -> records.Step: ...
-
-    def set_step_due(self, step: records.Step, due_at: dt.datetime) -> None: ...
+    @overload
+    def apply(self, change: transitions.StepChange) -> records.Step: ...
+    @overload
+    def apply(self, change: transitions.RunChange) -> records.Run: ...
+    def apply(
+        self, change: transitions.StepChange | transitions.RunChange
+    ) -> records.Step | records.Run:
+        """Write a change decided in ``domain.transitions``: compare-and-set on the status it
+        was read in (and the lease owner when given), and its audit event, in this
+        transaction. Raises ``errors.Conflict`` when the row moved meanwhile."""
+        ...
 
     def update_step_output(
         self, step_id: int, owner: str, output: dict[str, Any], lease_until: dt.datetime
     ) -> bool: ...
 
     def lock_due_steps(self, limit: int) -> list[records.Step]: ...
-
-    def claim_step(
-        self, step: records.Step, *, owner: str, lease_until: dt.datetime
-    ) -> records.Step: ...
-
-    def hold_step(self, step: records.Step, *, until: dt.datetime, reason: str) -> None: ...
 
     def guard_snapshot(
         self,

@@ -8,13 +8,23 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from remediator.adapters.db import database, tables
-from remediator.domain import alerts, audit, errors, guards, records, runs
+from remediator.domain import (
+    alerts,
+    audit,
+    errors,
+    guards,
+    playbooks,
+    records,
+    retry,
+    runs,
+    transitions,
+)
 
 E = tables.alert_episodes
 R = tables.runs
@@ -120,7 +130,7 @@ def run_from_row(row: Any) -> records.Run:
         dry_run=row.dry_run,
         principal=row.principal,
         params=dict(row.params),
-        on_resolve=row.on_resolve,
+        on_resolve=playbooks.ResolvePolicy(row.on_resolve),
         reason=row.reason,
         created_at=row.created_at,
         updated_at=row.updated_at,
@@ -143,10 +153,11 @@ def step_from_row(row: Any) -> records.Step:
         attempt=row.attempt,
         max_attempts=row.max_attempts,
         timeout_seconds=row.timeout_seconds,
-        on_failure=row.on_failure,
+        on_failure=playbooks.OnFailure(row.on_failure),
         undo_of=row.undo_of,
-        undo=row.undo,
-        retry=dict(row.retry),
+        undo=records.UndoPlan.from_json(row.undo, action=row.action) if row.undo else None,
+        retry=_retry_policy(row.retry),
+        effect=runs.Effect(row.effect),
         due_at=row.due_at,
         lease_owner=row.lease_owner,
         lease_expires_at=row.lease_expires_at,
@@ -155,6 +166,13 @@ def step_from_row(row: Any) -> records.Step:
         started_at=row.started_at,
         finished_at=row.finished_at,
     )
+
+
+def _retry_policy(stored: dict[str, Any]) -> retry.RetryPolicy:
+    try:
+        return retry.RetryPolicy.model_validate(stored or {"max_attempts": 1})
+    except ValueError:  # written by an older version with other fields: keep the attempts
+        return retry.RetryPolicy(max_attempts=int((stored or {}).get("max_attempts", 1)))
 
 
 def _unhandled_episodes() -> Any:
@@ -176,8 +194,23 @@ def _startable_runs() -> Any:
     )
 
 
+def _resolved_alert_run() -> Any:
+    """The run answers an alert that resolved, and its playbook does not say ``continue``."""
+    resolved = sa.exists(
+        sa.select(E.c.id).where(
+            E.c.id == R.c.episode_id, E.c.status == alerts.AlertStatus.RESOLVED.value
+        )
+    )
+    return sa.and_(R.c.kind == runs.RunKind.ALERT.value, R.c.on_resolve != "continue", resolved)
+
+
 def _advanceable_runs() -> Any:
-    """Running runs whose steps are all finished or not yet due (the engine advances them)."""
+    """Running runs whose steps are all finished or not yet due (the engine advances them),
+    and running runs whose alert resolved with no step running (the engine cancels what is
+    left and ends them: their pending steps will never be claimed)."""
+    running_step = sa.select(S.c.id).where(
+        S.c.run_id == R.c.id, S.c.status == runs.StepStatus.RUNNING.value
+    )
     active_step = sa.select(S.c.id).where(
         S.c.run_id == R.c.id,
         sa.or_(
@@ -185,23 +218,24 @@ def _advanceable_runs() -> Any:
             sa.and_(S.c.status == runs.StepStatus.PENDING.value, S.c.due_at.is_not(None)),
         ),
     )
-    return sa.and_(R.c.status == runs.RunStatus.RUNNING.value, ~sa.exists(active_step))
+    return sa.and_(
+        R.c.status == runs.RunStatus.RUNNING.value,
+        sa.or_(
+            ~sa.exists(active_step),
+            sa.and_(_resolved_alert_run(), ~sa.exists(running_step)),
+        ),
+    )
 
 
 def _due_steps(now: Any) -> Any:
     """Due pending steps of running runs. A resolved alert never starts a step of its run
     (unless the playbook says continue), even between storing the resolution and handling it."""
-    resolved = sa.exists(
-        sa.select(E.c.id).where(
-            E.c.id == R.c.episode_id, E.c.status == alerts.AlertStatus.RESOLVED.value
-        )
-    )
     return sa.and_(
         S.c.status == runs.StepStatus.PENDING.value,
         S.c.due_at.is_not(None),
         S.c.due_at <= now,
         R.c.status == runs.RunStatus.RUNNING.value,
-        ~sa.and_(R.c.kind == runs.RunKind.ALERT.value, R.c.on_resolve != "continue", resolved),
+        ~_resolved_alert_run(),
     )
 
 
@@ -360,7 +394,7 @@ class SqlTx:
             "dry_run": new.dry_run,
             "principal": new.principal,
             "params": new.params,
-            "on_resolve": new.on_resolve,
+            "on_resolve": new.on_resolve.value,
             "reason": new.reason,
             "created_at": self.now,
             "updated_at": self.now,
@@ -392,10 +426,11 @@ class SqlTx:
                         "attempt": 0,
                         "max_attempts": step.max_attempts,
                         "timeout_seconds": step.timeout_seconds,
-                        "on_failure": step.on_failure,
+                        "on_failure": step.on_failure.value,
                         "undo_of": step.undo_of,
-                        "undo": step.undo,
-                        "retry": step.retry,
+                        "undo": step.undo.to_json() if step.undo else None,
+                        "retry": step.retry.model_dump(mode="json"),
+                        "effect": runs.Effect.NONE.value,
                         "due_at": None,
                         "output": {} if step.enabled else {"skipped": "disabled in the playbook"},
                     }
@@ -440,86 +475,69 @@ class SqlTx:
         query = self._lock_rows(sa.select(R).where(_startable_runs()).order_by(R.c.id).limit(limit))
         return [run_from_row(row) for row in self.conn.execute(query)]
 
-    def transition_run(
-        self,
-        run: records.Run | int,
-        to: runs.RunStatus,
-        *,
-        actor: str,
-        reason: str = "",
-        data: dict[str, Any] | None = None,
-    ) -> records.Run:
-        """Compare-and-set the run's status; raises ``Conflict`` if it moved meanwhile."""
-        run_id = run if isinstance(run, int) else run.id
+    @overload
+    def apply(self, change: transitions.StepChange) -> records.Step: ...
+    @overload
+    def apply(self, change: transitions.RunChange) -> records.Run: ...
+    def apply(
+        self, change: transitions.StepChange | transitions.RunChange
+    ) -> records.Step | records.Run:
+        """Compare-and-set a decided change and append its audit event; ``Conflict`` if the
+        row moved meanwhile."""
+        if isinstance(change, transitions.RunChange):
+            return self._apply_run(change)
+        return self._apply_step(change)
+
+    def _apply_run(self, change: transitions.RunChange) -> records.Run:
+        run, to = change.run, change.to
         sources = [status.value for status in runs.run_sources(to)]
         values: dict[str, Any] = {"status": to.value, "updated_at": self.now}
         if to in runs.RUN_TERMINAL:
             values["finished_at"] = self.now
-        result = self.conn.execute(_TRANSITION_RUN, values | {"w_id": run_id, "w_sources": sources})
+        result = self.conn.execute(_TRANSITION_RUN, values | {"w_id": run.id, "w_sources": sources})
         row = result.one_or_none()
         if row is None:
-            current = self.get_run(run_id)
+            current = self.get_run(run.id)
             state = current.status.value if current else "missing"
-            raise errors.Conflict(f"run {run_id} is {state}; cannot move it to {to.value}")
-        before = run.status.value if isinstance(run, records.Run) else None
+            raise errors.Conflict(f"run {run.id} is {state}; cannot move it to {to.value}")
         self.add_event(
             "run.transition",
-            actor=actor,
-            run_id=run_id,
+            actor=change.actor,
+            run_id=run.id,
             episode_id=row.episode_id,
-            from_status=before,
+            from_status=run.status.value,
             to_status=to.value,
-            reason=reason,
-            data=data,
+            reason=change.reason,
+            data=dict(change.data) or None,
         )
         return run_from_row(row)
 
-    def transition_step(
-        self,
-        step: records.Step,
-        to: runs.StepStatus,
-        *,
-        actor: str,
-        reason: str = "",
-        values: dict[str, Any] | None = None,
-        expect_owner: str | None = None,
-        event_data: dict[str, Any] | None = None,
-    ) -> records.Step:
-        """Compare-and-set a step from its current status; ``Conflict`` if it moved meanwhile."""
-        if to not in runs.STEP_TRANSITIONS[step.status] and to is not step.status:
-            raise errors.Conflict(f"step {step.id}: {step.status.value} → {to.value} not allowed")
-        update = {"status": to.value, **(values or {})}
-        if to in runs.STEP_TERMINAL:
-            update.setdefault("finished_at", self.now)
-            update.setdefault("lease_owner", None)
-            update.setdefault("lease_expires_at", None)
-            update.setdefault("due_at", None)
+    def _apply_step(self, change: transitions.StepChange) -> records.Step:
+        step, to = change.step, change.to
         where = {"w_id": step.id, "w_status": step.status.value}
-        if expect_owner is not None:
-            where["w_owner"] = expect_owner
-        result = self.conn.execute(_TRANSITION_STEP[expect_owner is not None], update | where)
+        if change.expect_owner is not None:
+            where["w_owner"] = change.expect_owner
+        update = {"status": to.value, **change.values}
+        result = self.conn.execute(
+            _TRANSITION_STEP[change.expect_owner is not None], update | where
+        )
         row = result.one_or_none()
         if row is None:
             raise errors.Conflict(f"step {step.id} is no longer {step.status.value}")
-        self.add_event(
-            "step.transition",
-            actor=actor,
-            run_id=step.run_id,
-            step_id=step.id,
-            from_status=step.status.value,
-            to_status=to.value,
-            reason=reason,
-            data={"key": step.key, "action": step.action, "phase": step.phase.value}
-            | (event_data or {}),
-        )
+        if change.event is not None:
+            moved = change.event == "step.transition"
+            self.add_event(
+                change.event,
+                actor=change.actor,
+                run_id=step.run_id,
+                step_id=step.id,
+                from_status=step.status.value if moved else None,
+                to_status=to.value if moved else None,
+                reason=change.reason,
+                data={"key": step.key, "action": step.action, "phase": step.phase.value}
+                | dict(change.data),
+            )
         return step_from_row(row)
-
-    def set_step_due(self, step: records.Step, due_at: dt.datetime) -> None:
-        self.conn.execute(
-            sa.update(S)
-            .where(S.c.id == step.id, S.c.status == runs.StepStatus.PENDING.value)
-            .values(due_at=due_at)
-        )
 
     def update_step_output(
         self, step_id: int, owner: str, output: dict[str, Any], lease_until: dt.datetime
@@ -548,45 +566,6 @@ class SqlTx:
         if self.db.is_postgres:
             due = due.with_for_update(skip_locked=True, of=S)
         return [step_from_row(row) for row in self.conn.execute(due)]
-
-    def claim_step(
-        self, step: records.Step, *, owner: str, lease_until: dt.datetime
-    ) -> records.Step:
-        """``pending → running`` with a lease. The attempt counter and the lease are the
-        persisted intent: if this worker dies, the lease expires and the next attempt knows one
-        was made."""
-        return self.transition_step(
-            step,
-            runs.StepStatus.RUNNING,
-            actor="engine",
-            reason=f"attempt {step.attempt + 1} of {step.max_attempts}",
-            values={
-                "lease_owner": owner,
-                "lease_expires_at": lease_until,
-                "attempt": step.attempt + 1,
-                "started_at": step.started_at or self.now,
-                "due_at": None,
-            },
-            event_data={"attempt": step.attempt + 1, "owner": owner},
-        )
-
-    def hold_step(self, step: records.Step, *, until: dt.datetime, reason: str) -> None:
-        """Keep a due step waiting (a guard said no); the audit trail notes each new reason."""
-        output = {**step.output, "held": reason, "held_until": until.isoformat()}
-        self.conn.execute(
-            sa.update(S)
-            .where(S.c.id == step.id, S.c.status == runs.StepStatus.PENDING.value)
-            .values(due_at=until, output=output)
-        )
-        if step.output.get("held") != reason:
-            self.add_event(
-                "step.held",
-                actor="engine",
-                run_id=step.run_id,
-                step_id=step.id,
-                reason=reason,
-                data={"key": step.key, "action": step.action, "until": until.isoformat()},
-            )
 
     # -- guards ----------------------------------------------------------------------------
 

@@ -138,6 +138,7 @@ steps = sa.Table(
     sa.Column("undo_of", BigID, sa.ForeignKey("steps.id"), nullable=True),
     sa.Column("undo", JSONType, nullable=True),
     sa.Column("retry", JSONType, nullable=False),
+    sa.Column("effect", sa.String(16), nullable=False, server_default="none"),
     sa.Column("due_at", UTCDateTime(), nullable=True),
     sa.Column("lease_owner", sa.String(128), nullable=True),
     sa.Column("lease_expires_at", UTCDateTime(), nullable=True),

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from remediator.domain import runs
+from remediator.engine import lifecycle
 from tests.support.alerts import alert_body
 
 TWO_STEPS = """
@@ -86,7 +87,9 @@ async def test_a_permanent_failure_stops_the_run_and_skips_the_rest(make_harness
     assert "fails for good" in detail["steps"][0]["error"]
 
 
-async def test_on_failure_continue_goes_on_to_the_next_step(make_harness):
+async def test_on_failure_continue_goes_on_to_the_next_step_and_the_run_says_it_failed(
+    make_harness,
+):
     h = await make_harness(
         """
         name: tolerant
@@ -102,7 +105,7 @@ async def test_on_failure_continue_goes_on_to_the_next_step(make_harness):
     [run] = await h.runs()
     detail = await h.run_detail(run["id"])
     assert [s["status"] for s in detail["steps"]] == ["failed", "succeeded"]
-    assert detail["status"] == "succeeded"
+    assert detail["status"] == "failed"
     assert applied(h) == ["b"]
 
 
@@ -116,7 +119,7 @@ async def test_an_expired_lease_is_swept_and_the_effect_is_not_applied_twice(mak
     [step] = await h.store.run(
         "test",
         lambda tx: [
-            tx.claim_step(due, owner="dead-worker", lease_until=clock.now)
+            lifecycle.claim_step(tx, due, owner="dead-worker", lease_until=clock.now)
             for due in tx.lock_due_steps(1)
         ],
     )

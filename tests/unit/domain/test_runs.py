@@ -29,7 +29,9 @@ def test_final_status_waits_for_active_steps():
     assert runs.final_run_status([S.SUCCEEDED, S.SUCCEEDED]) is runs.RunStatus.SUCCEEDED
     assert runs.final_run_status([S.SUCCEEDED, S.CANCELLED]) is runs.RunStatus.CANCELLED
     assert runs.final_run_status([S.REJECTED, S.SKIPPED]) is runs.RunStatus.REJECTED
-    assert runs.final_run_status([S.FAILED, S.SUCCEEDED]) is runs.RunStatus.SUCCEEDED
+    # A run never reports success for work that failed, even past on_failure: continue.
+    assert runs.final_run_status([S.FAILED, S.SUCCEEDED]) is runs.RunStatus.FAILED
+    assert runs.final_run_status([S.FAILED, S.CANCELLED]) is runs.RunStatus.FAILED
 
 
 def test_retry_backoff_grows_and_stops_after_max_attempts():
