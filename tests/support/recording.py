@@ -29,6 +29,8 @@ class RecordParams(pydantic.BaseModel):
     sleep_after: float = 0.0
     fail_attempts: int = 0
     fail_permanently: bool = False
+    fail_after_apply: int = 0  # attempts that apply, then lose the answer (temporary failure)
+    fail_undo: bool = False
 
 
 def _path() -> pathlib.Path:
@@ -85,9 +87,13 @@ class RecordAction(actions.Action[RecordParams]):
             }
         )
         await asyncio.sleep(params.sleep_after)
+        if ctx.attempt <= params.fail_after_apply:
+            raise errors.ActionFailed(f"{params.label}: answer lost after apply", temporary=True)
         return {"label": params.label, "pid": os.getpid()}
 
     async def undo(self, ctx: actions.ActionContext, params: RecordParams) -> dict[str, Any]:
+        if params.fail_undo:
+            raise errors.ActionFailed(f"{params.label}: undo fails for good")
         _append(
             {
                 "kind": "undo",

@@ -80,6 +80,7 @@ def step_json(row: Any) -> dict[str, Any]:
         "action": row.action,
         "params": row.params,
         "status": row.status,
+        "effect": row.effect,
         "requiresApproval": row.requires_approval,
         "approvalsRequired": row.approvals_required,
         "attempt": row.attempt,
