@@ -71,7 +71,8 @@ async def test_a_crash_while_a_step_runs_then_a_resolve_ends_the_run_and_undoes_
     assert first["id"] == step.id
     assert first["status"] == "cancelled"
     assert first["effect"] == "undone"
-    assert undo is not None and undo["status"] == "succeeded"
+    assert undo is not None
+    assert undo["status"] == "succeeded"
     assert [r["label"] for r in records(h, "undo")] == ["cap"]
     assert records(h, "apply") == []  # nothing applied: the dead worker never recorded one
 
@@ -90,7 +91,8 @@ async def test_a_temporary_failure_after_apply_then_a_resolve_undoes_the_effect(
     await h.settle()
     alert, undo = await by_kind(h)
     assert alert["status"] == "cancelled"
-    assert undo is not None and undo["status"] == "succeeded"
+    assert undo is not None
+    assert undo["status"] == "succeeded"
     assert [r["label"] for r in records(h, "apply")] == ["cap"]
     assert [r["label"] for r in records(h, "undo")] == ["cap"]
 
@@ -111,7 +113,8 @@ async def test_a_resolve_while_a_retry_waits_leaves_no_run_running(make_harness,
         ("cancelled", "undone"),
         ("cancelled", "none"),
     ]
-    assert undo is not None and undo["status"] == "succeeded"
+    assert undo is not None
+    assert undo["status"] == "succeeded"
 
 
 async def test_a_failed_undo_makes_the_undo_run_failed_and_tells_on_call(make_harness, clock):
@@ -125,7 +128,8 @@ async def test_a_failed_undo_makes_the_undo_run_failed_and_tells_on_call(make_ha
         await h.settle()
     alert, undo = await by_kind(h)
     assert alert["status"] == "succeeded"
-    assert undo is not None and undo["status"] == "failed"
+    assert undo is not None
+    assert undo["status"] == "failed"
     [told] = [n for n in notifier.sent if n["data"]["event"] == "undo_failed"]
     assert f"undo run {undo['id']} ended failed" in told["message"]
     assert told["data"]["run_id"] == undo["id"]
