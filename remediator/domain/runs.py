@@ -7,21 +7,9 @@ compare-and-set ``UPDATE ... WHERE status IN (allowed sources)`` inside the same
 that appends the audit event. A lost compare-and-set raises ``Conflict``: somebody else moved
 the row first (another replica, a duplicate approval) and nothing is done twice.
 
-Run::
-
-    pending ──> running <──> waiting_approval
-       │          │  │             │
-       └─> cancelled <─┴──────────────┤
-                  ├─> succeeded        │
-                  ├─> failed           └─> rejected
-
-Step::
-
-    pending ──> running ──> succeeded ──> undone
-       │  ▲        │   └──> failed
-       │  └────────┘ (retry later, or lease expired after a crash)
-       ├──> waiting_approval ──> pending (approved) | rejected
-       └──> skipped | cancelled
+The state diagrams are drawn from ``RUN_TRANSITIONS`` and ``STEP_TRANSITIONS`` by
+``remediator docs`` into docs/architecture.md ("State machines"), so they cannot drift from
+these tables.
 
 Crash safety: a step is claimed (``pending → running``) with a lease *before* its action runs,
 so the intent is durable. If the worker dies, the lease expires, a sweeper puts the step back to
