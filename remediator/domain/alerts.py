@@ -7,6 +7,21 @@ of that label set from the next. Everything else in a delivery may change betwee
 
 Models accept what Alertmanager 0.25 sends and tolerate unknown extra fields, so a newer
 Alertmanager does not get its deliveries rejected.
+
+Storage limits (``check_limits``): intake refuses, with 400 naming the field, every value that
+could never be stored, before anything is written. A value the database refuses would otherwise
+come back on every try: as 503 at intake (Alertmanager retries forever) or, once stored, as a
+failing engine pass for every alert. The limits are the column sizes of
+``adapters/db/tables.py`` (alertname ``String(256)``, ``runs.node`` ``String(253)``,
+``runs.gpu`` ``String(128)``) and, for the JSON columns that have none, bounds no real alert
+comes near. A node or GPU is derived by playbooks from labels (``matching.first_label``), so
+every label of ``DEFAULT_NODE_LABELS`` (``instance`` with its port stripped) is held to the node
+limit and every label of ``DEFAULT_GPU_LABELS`` to the GPU limit, whichever a playbook reads.
+
+Only length is checked, not node-name syntax: a short ``node`` label that is not a valid
+Kubernetes node name (an IPv6 ``instance``, an upper-case ``Hostname``) is stored and poisons
+nothing; actions validate node names before any Kubernetes call, and the same label may matter
+to no playbook at all. Refusing the whole group for it would hold back its valid alerts too.
 """
 
 from __future__ import annotations
@@ -14,9 +29,12 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import re
+from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any
 
 import pydantic
+
+from remediator.domain import matching
 
 ZERO_TIME = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
 
@@ -153,6 +171,70 @@ def _find_nul(value: Any, loc: tuple[str | int, ...] = ()) -> tuple[str | int, .
         if found is not None:
             return found
     return None
+
+
+# Column sizes of adapters/db/tables.py: a longer value could never be stored.
+MAX_ALERTNAME = 256  # alert_episodes.alertname
+MAX_NODE = 253  # runs.node, disruptions.node; also the longest Kubernetes node name
+MAX_GPU = 128  # runs.gpu
+# Labels and annotations are stored as JSON, which has no size: bounds no real alert comes near.
+MAX_ENTRIES = 128  # labels, or annotations, of one alert
+MAX_NAME = 256  # a label or annotation name
+MAX_LABEL_VALUE = 4096
+MAX_ANNOTATION_VALUE = 32768
+_MAX_PROBLEMS = 50
+# (name, value) -> (the length that is stored, the longest that can be, what the value is)
+_Size = Callable[[str, str], tuple[int, int, str]]
+
+
+def check_limits(payload: WebhookPayload) -> list[dict[str, str]]:
+    """Every value that could never be stored, in the shape of ``validation_fields``
+    (``[{"field": "alerts.0.labels.node", "message": ...}]``); empty when all of it fits."""
+    problems: list[dict[str, str]] = []
+    for index, alert in enumerate(payload.alerts):
+        where = f"alerts.{index}"
+        problems += _entry_problems(alert.labels, f"{where}.labels", size=_label_size)
+        problems += _entry_problems(
+            alert.annotations, f"{where}.annotations", size=_annotation_size
+        )
+        if len(problems) >= _MAX_PROBLEMS:
+            break
+    return problems[:_MAX_PROBLEMS]
+
+
+def _entry_problems(
+    entries: Mapping[str, str], where: str, *, size: _Size
+) -> Iterator[dict[str, str]]:
+    if len(entries) > MAX_ENTRIES:
+        yield _problem(where, f"{len(entries)} entries; at most {MAX_ENTRIES} are stored")
+    for name, value in entries.items():
+        if len(name) > MAX_NAME:
+            field = f"{where}.{name[:40]}…"
+            yield _problem(field, f"name of {len(name)} characters; at most {MAX_NAME}")
+            continue
+        length, limit, what = size(name, value)
+        if length > limit:
+            yield _problem(f"{where}.{name}", f"{what} of {length} characters; at most {limit}")
+
+
+def _label_size(name: str, value: str) -> tuple[int, int, str]:
+    if name == "alertname":
+        return len(value), MAX_ALERTNAME, "alertname"
+    if name == "instance":  # playbooks take the node from it with the port stripped
+        return len(matching.strip_port(value)), MAX_NODE, "node name (instance without port)"
+    if name in matching.DEFAULT_NODE_LABELS:
+        return len(value), MAX_NODE, "node name"
+    if name in matching.DEFAULT_GPU_LABELS:
+        return len(value), MAX_GPU, "GPU id"
+    return len(value), MAX_LABEL_VALUE, "label value"
+
+
+def _annotation_size(name: str, value: str) -> tuple[int, int, str]:
+    return len(value), MAX_ANNOTATION_VALUE, "annotation"
+
+
+def _problem(field: str, message: str) -> dict[str, str]:
+    return {"field": field, "message": message}
 
 
 def describe(alert: Alert) -> dict[str, Any]:

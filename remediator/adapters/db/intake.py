@@ -5,6 +5,11 @@ deliveries are written together: handlers enqueue, one writer task drains the qu
 single transaction (one fsync for many deliveries) and wakes every waiting handler. Dedupe is one
 upsert per batch keyed on ``(fingerprint, starts_at)``: an existing firing episode changes only
 when a resolved status arrives; everything else is a repeat and changes nothing.
+
+A batch that fails is written again one delivery at a time, so one bad delivery fails alone. A
+delivery whose data the database refuses (SQLSTATE class 22, e.g. a value too long for its
+column) fails with ``ValidationFailed``, which the webhook answers with 400: it would be refused
+on every retry. Any other failure is ``StoreUnavailable`` (503, retried).
 """
 
 from __future__ import annotations
@@ -86,17 +91,15 @@ class IntakeWriter:
         try:
             results = await self._commit([delivery for delivery, _ in batch])
         except Exception as e:
-            if len(batch) > 1 and not isinstance(e, errors.StoreUnavailable):
+            if len(batch) > 1 and not _unavailable(e):
                 # One bad delivery must not fail its neighbours: write them one by one.
                 for item in batch:
                     await self._write_batch([item])
                 return
-            if not isinstance(e, errors.StoreUnavailable):
-                logger.exception("could not store a delivery")
-                e = errors.StoreUnavailable(f"could not store the delivery: {type(e).__name__}")
+            failure = _translate(e)
             for _, future in batch:
                 if not future.done():
-                    future.set_exception(e)
+                    future.set_exception(failure)
             return
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
@@ -158,6 +161,36 @@ class IntakeWriter:
                 excluded.status == alerts.AlertStatus.RESOLVED.value,
             ),
         ).returning(table.c.fingerprint, table.c.starts_at)
+
+
+def _refused_data(error: BaseException | None) -> str | None:
+    """What the database said if it refuses the data itself (SQLSTATE class 22), else None.
+
+    The database adapter may already have wrapped the driver's error in ``StoreUnavailable``.
+    """
+    if isinstance(error, errors.StoreUnavailable):
+        error = error.__cause__
+    if not isinstance(error, sa.exc.DBAPIError):
+        return None
+    code = getattr(error.orig, "sqlstate", None) or getattr(error.orig, "pgcode", None)
+    if isinstance(error, sa.exc.DataError) or (isinstance(code, str) and code.startswith("22")):
+        return str(error.orig).splitlines()[0] if str(error.orig) else type(error.orig).__name__
+    return None
+
+
+def _unavailable(error: Exception) -> bool:
+    return isinstance(error, errors.StoreUnavailable) and _refused_data(error) is None
+
+
+def _translate(error: Exception) -> errors.RemediatorError:
+    refused = _refused_data(error)
+    if refused is not None:
+        logger.warning("the database refuses a delivery: %s", refused)
+        return errors.ValidationFailed(f"the database refuses a value of this delivery: {refused}")
+    if isinstance(error, errors.StoreUnavailable):
+        return error
+    logger.error("could not store a delivery", exc_info=error)
+    return errors.StoreUnavailable(f"could not store the delivery: {type(error).__name__}")
 
 
 def _merge_episodes(

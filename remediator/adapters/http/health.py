@@ -1,5 +1,12 @@
-"""``/healthz`` (the process answers), ``/readyz`` (database writable, playbooks loaded),
-``/metrics`` (Prometheus text format)."""
+"""``/healthz`` (the process answers), ``/readyz`` (database writable, playbooks loaded, engine
+passes not failing for a while), ``/metrics`` (Prometheus text format).
+
+The engine is stalled, so not ready, once ``STALLED_PASSES`` passes in a row have failed or the
+first of the failing passes ended ``STALLED_FOR`` ago (whichever comes first: the count for
+quick failures at the poll interval, the time for slow ones that wait on timeouts). One pass
+that completes makes it ready again. A single failure is reported but keeps it ready: the next
+pass at the poll interval usually succeeds.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +33,8 @@ class HealthDeps:
 
 
 HEALTH = web.AppKey("health", HealthDeps)
+STALLED_PASSES = 5
+STALLED_FOR = dt.timedelta(seconds=60)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -41,10 +50,22 @@ async def readyz(request: web.Request) -> web.Response:
     except errors.StoreUnavailable as e:
         checks["database"] = str(e)
     checks["playbooks"] = f"{len(deps.rules.index)} loaded" if deps.rules.loaded else "not loaded"
-    ready = checks["database"] == "ok" and deps.rules.loaded
+    stalled, checks["engine"] = _engine_check(deps.metrics.failing, now=deps.clock())
+    ready = checks["database"] == "ok" and deps.rules.loaded and not stalled
     return web.json_response(
         {"status": "ready" if ready else "not ready", "checks": checks},
         status=200 if ready else 503,
+    )
+
+
+def _engine_check(failing: metrics_mod.FailingPasses, *, now: dt.datetime) -> tuple[bool, str]:
+    """Whether the engine is stalled, and what to say about it."""
+    if not failing.count or failing.since is None:
+        return False, "ok"
+    stalled = failing.count >= STALLED_PASSES or now - failing.since >= STALLED_FOR
+    return stalled, (
+        f"{'stalled' if stalled else 'failing'}: {failing.count} pass(es) in a row failed since "
+        f"{failing.since.isoformat()} (last: {failing.last_error}); see the log"
     )
 
 

@@ -3,6 +3,15 @@
 Status codes follow Alertmanager's retry rules: 5xx is retried at once with backoff, 4xx is
 re-sent at the next group interval. So 400 only for bodies that can never be valid, 503 (with
 Retry-After) when the store cannot take the write, and 200 only after the commit.
+
+A body that could never be stored (``alerts.check_limits``: an alertname, node or GPU label
+longer than its column, oversized labels or annotations; or a value the database itself
+refuses) is 400 ``unstorable`` naming each field, never 503: a 503 would be retried forever.
+The whole delivery is refused, valid alerts of the group included, and the message says so:
+200 means every alert of the delivery is stored, and Alertmanager cannot re-send part of a
+group. It re-sends the group at every group interval, refused each time (counted by
+``remediator_deliveries_rejected_total{reason="unstorable"}``) until the labels are fixed at
+the source.
 """
 
 from __future__ import annotations
@@ -39,6 +48,18 @@ def _reject(
 ) -> web.Response:
     deps.metrics.deliveries_rejected.labels(reason=reason).inc()
     return http_errors.error_response(status, reason, message, fields=fields)
+
+
+def _unstorable(deps: IntakeDeps, count: int, problems: list[dict[str, str]]) -> web.Response:
+    return _reject(
+        deps,
+        400,
+        "unstorable",
+        f"the whole delivery ({count} alert(s)) is refused: {len(problems)} value(s) in it can "
+        "never be stored (see fields). Fix them where the alerts are made; until then "
+        "Alertmanager's re-sends of this group are refused too.",
+        fields=problems,
+    )
 
 
 async def _read_limited(request: web.Request, limit: int) -> bytes | None:
@@ -89,6 +110,9 @@ async def post_alerts(request: web.Request) -> web.Response:
             "not an Alertmanager webhook payload (version 4)",
             fields=alerts.validation_fields(e),
         )
+    problems = alerts.check_limits(payload)
+    if problems:
+        return _unstorable(deps, len(payload.alerts), problems)
     try:
         stored = await deps.writer.store(
             intake.Delivery(
@@ -98,6 +122,8 @@ async def post_alerts(request: web.Request) -> web.Response:
     except errors.StoreUnavailable:
         deps.metrics.deliveries_rejected.labels(reason="store_unavailable").inc()
         raise
+    except errors.ValidationFailed as e:  # the database refused a value of this delivery
+        return _unstorable(deps, len(payload.alerts), [{"field": "(body)", "message": str(e)}])
     deps.metrics.deliveries.inc()
     for alert in payload.alerts:
         deps.metrics.alerts_received.labels(status=alert.status.value).inc()

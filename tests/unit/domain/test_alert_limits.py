@@ -1,0 +1,93 @@
+"""``alerts.check_limits``: every value intake stores fits its column, or the field is named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from remediator.domain import alerts
+from tests.support.alerts import alert_body
+
+
+def _problems(**changes):
+    return alerts.check_limits(alerts.parse_payload(alert_body(**changes)))
+
+
+def _labels(labels):
+    raw = json.loads(alert_body())
+    raw["alerts"][0]["labels"] |= labels
+    return alerts.check_limits(alerts.parse_payload(json.dumps(raw).encode()))
+
+
+def _fields(problems):
+    return [problem["field"] for problem in problems]
+
+
+def test_a_real_alertmanager_alert_fits():
+    assert _problems() == []
+
+
+def test_values_at_their_column_size_fit():
+    assert _problems(alertname="A" * 256, node="n" * 253, gpu="g" * 128) == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "limit"),
+    [
+        ({"alertname": "A" * 257}, "alerts.0.labels.alertname", 256),
+        ({"node": "n" * 254}, "alerts.0.labels.node", 253),
+        ({"gpu": "g" * 129}, "alerts.0.labels.UUID", 128),
+    ],
+)
+def test_a_value_longer_than_its_column_is_named_with_the_limit(changes, field, limit):
+    [problem] = _problems(**changes)
+    assert problem["field"] == field
+    assert f"at most {limit}" in problem["message"]
+
+
+@pytest.mark.parametrize("label", ["node", "Hostname", "hostname", "kubernetes_node", "instance"])
+def test_every_label_a_playbook_may_take_the_node_from_is_held_to_the_node_limit(label):
+    assert _fields(_labels({label: "n" * 254})) == [f"alerts.0.labels.{label}"]
+
+
+@pytest.mark.parametrize("label", ["UUID", "gpu"])
+def test_every_label_a_playbook_may_take_the_gpu_from_is_held_to_the_gpu_limit(label):
+    assert _fields(_labels({label: "g" * 129})) == [f"alerts.0.labels.{label}"]
+
+
+def test_instance_is_measured_without_its_port_as_playbooks_take_it():
+    assert _labels({"instance": "n" * 253 + ":9400"}) == []
+    assert _fields(_labels({"instance": "n" * 254 + ":9400"})) == ["alerts.0.labels.instance"]
+
+
+def test_a_short_node_label_that_is_no_valid_node_name_is_not_refused():
+    """Stored as it is; actions check node names before any Kubernetes call."""
+    assert _labels({"node": "GPU Node 01\n", "instance": "[fe80::1]:9400"}) == []
+
+
+def test_other_labels_and_annotations_have_bounds_no_real_alert_comes_near():
+    assert _fields(_labels({"pci_bus_id": "x" * 4097})) == ["alerts.0.labels.pci_bus_id"]
+    assert _labels({"pci_bus_id": "x" * 4096}) == []
+    raw = json.loads(alert_body())
+    raw["alerts"][0]["annotations"]["description"] = "x" * 32769
+    problems = alerts.check_limits(alerts.parse_payload(json.dumps(raw).encode()))
+    assert _fields(problems) == ["alerts.0.annotations.description"]
+
+
+def test_too_many_or_too_long_label_names_are_named():
+    many = {f"label_{i}": "v" for i in range(130)}
+    assert _fields(_labels(many)) == ["alerts.0.labels"]
+    [problem] = _labels({"n" * 257: "v"})
+    assert problem["field"].startswith("alerts.0.labels.nnnn")
+    assert "at most 256" in problem["message"]
+
+
+def test_every_alert_of_a_group_is_checked_and_each_problem_named():
+    raw = json.loads(alert_body())
+    second = json.loads(json.dumps(raw["alerts"][0]))
+    second["labels"]["node"] = "n" * 300
+    second["labels"]["gpu"] = "g" * 300
+    raw["alerts"].append(second)
+    problems = alerts.check_limits(alerts.parse_payload(json.dumps(raw).encode()))
+    assert _fields(problems) == ["alerts.1.labels.node", "alerts.1.labels.gpu"]

@@ -1,0 +1,110 @@
+"""``Engine.run_forever``: a pass that raises never ends the loop, and every pass is reported."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import types
+
+import pytest
+
+from remediator.adapters import metrics
+from remediator.domain import errors, playbooks, records
+from remediator.engine import executor, worker
+from remediator.ports import actions, observe
+
+NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+IDLE = records.Probe(episodes=False, expired=False, startable=False, advance=False, due=False)
+
+
+class FlakyStore:
+    """A store whose probe raises the given errors in turn, then finds no work."""
+
+    def __init__(self, *failures: Exception) -> None:
+        self.failures = list(failures)
+
+    async def probe(self) -> records.Probe:
+        if self.failures:
+            raise self.failures.pop(0)
+        return IDLE
+
+
+class Passes(observe.NullObserver):
+    def __init__(self) -> None:
+        self.ended: list[tuple[dt.datetime, Exception | None]] = []
+
+    def pass_finished(self, *, at: dt.datetime, error: Exception | None = None) -> None:
+        self.ended.append((at, error))
+
+
+def _engine(store: FlakyStore, observer: observe.Observer) -> worker.Engine:
+    services = executor.Services(
+        store=store,  # type: ignore[arg-type]
+        registry=actions.Registry(),
+        notifier=None,  # type: ignore[arg-type]
+        cluster=None,
+        clock=lambda: NOW,
+        observer=observer,
+    )
+    rules = types.SimpleNamespace(index=playbooks.PlaybookIndex([]))
+    return worker.Engine(
+        services, rules, worker.EngineSettings(poll_interval=0, min_pass_interval=0)
+    )
+
+
+async def _run_until(engine: worker.Engine, done: object) -> None:
+    task = asyncio.create_task(engine.run_forever())
+    async with asyncio.timeout(5):
+        while not done():  # type: ignore[operator]
+            assert not task.done(), task
+            await asyncio.sleep(0)
+    await engine.stop()
+    await task
+
+
+async def test_passes_that_raise_anything_are_reported_and_the_loop_goes_on():
+    failures = [KeyError("bug"), errors.StoreUnavailable("down"), ValueError("too long")]
+    observer = Passes()
+    engine = _engine(FlakyStore(*failures), observer)
+    await _run_until(engine, lambda: len(observer.ended) >= 5)
+    assert [error for _, error in observer.ended[:5]] == [*failures, None, None]
+    assert {at for at, _ in observer.ended} == {NOW}
+
+
+async def test_the_loop_still_ends_when_cancelled():
+    engine = _engine(FlakyStore(*[RuntimeError("again")] * 1000), Passes())
+    task = asyncio.create_task(engine.run_forever())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+class RecordedMetrics(metrics.Metrics):
+    """The real metrics, and what readiness would have read after each pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.states: list[metrics.FailingPasses] = []
+
+    def pass_finished(self, *, at: dt.datetime, error: Exception | None = None) -> None:
+        super().pass_finished(at=at, error=error)
+        self.states.append(self.failing)
+
+
+async def test_metrics_count_failing_passes_in_a_row_until_one_completes():
+    observer = RecordedMetrics()
+    failures = [KeyError("bug"), errors.StoreUnavailable("down"), KeyError("bug")]
+    engine = _engine(FlakyStore(*failures), observer)
+    await _run_until(engine, lambda: len(observer.states) >= 4)
+    assert observer.states[:4] == [
+        metrics.FailingPasses(count=1, since=NOW, last_error="KeyError"),
+        metrics.FailingPasses(count=2, since=NOW, last_error="StoreUnavailable"),
+        metrics.FailingPasses(count=3, since=NOW, last_error="KeyError"),
+        metrics.FailingPasses(),
+    ]
+    sample = observer.registry.get_sample_value
+    assert sample("remediator_engine_pass_failures_total", {"reason": "error"}) == 2
+    assert sample("remediator_engine_pass_failures_total", {"reason": "store_unavailable"}) == 1
+    assert sample("remediator_engine_consecutive_pass_failures") == 0
+    assert sample("remediator_engine_last_success_timestamp_seconds") == NOW.timestamp()
