@@ -34,6 +34,7 @@ EXPECTED_SELF_RULES = {
     "RemediatorApprovalsWaitingTooLong",
     "RemediatorIntakeRejecting",
     "RemediatorDown",
+    "RemediatorEngineStalled",
 }
 # The captured fixtures came from a harness whose GPUUtilizationLow had severity "info" and no
 # pod condition; the shipped rule follows the seed's runbook (warning, only GPUs a pod holds).
@@ -54,13 +55,25 @@ def firing_fixture_alerts() -> dict[str, list[dict[str, Any]]]:
 def test_rule_files_pass_promtool_check() -> None:
     out = tools.run("promtool", ["check", "rules", *rulefiles.RULE_FILES])
     assert "9 rules found" in out
-    assert "5 rules found" in out
+    assert "6 rules found" in out
 
 
 @pytest.mark.parametrize("name", ["gpu-alerts.test.yaml", "remediator-alerts.test.yaml"])
 def test_promtool_unit_tests_pass(name: str) -> None:
     out = tools.run("promtool", ["test", "rules", rulefiles.PROMETHEUS_DIR / name])
     assert "SUCCESS" in out
+
+
+@pytest.mark.parametrize("path", rulefiles.RULE_FILES, ids=lambda p: p.name)
+def test_promtool_unit_tests_see_every_alert_fire(path: Path) -> None:
+    suite = yaml.safe_load(path.with_suffix(".test.yaml").read_text(encoding="utf-8"))
+    fired = {
+        case["alertname"]
+        for test in suite["tests"]
+        for case in test.get("alert_rule_test", [])
+        if case.get("exp_alerts")
+    }
+    assert fired == set(rulefiles.alert_rules(rulefiles.load_groups(path)))
 
 
 def test_gpu_rules_are_the_seed_rules_plus_xid_with_their_severity_and_hold_time() -> None:
