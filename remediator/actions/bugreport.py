@@ -138,7 +138,9 @@ class BugReportAction(actions.Action[BugReportParams]):
         params: BugReportParams,
     ) -> bytes:
         argv = ["cat", remote]
-        result = await gpu.run(ctx, driver, argv, timeout=params.copy_timeout_seconds)
+        result = await gpu.run(
+            ctx, driver, argv, timeout=params.copy_timeout_seconds, idempotent=True
+        )
         if result.exit_code != 0:
             raise gpu.failure(driver, argv, result)
         if not result.stdout.startswith(GZIP_MAGIC):
@@ -159,6 +161,7 @@ class BugReportAction(actions.Action[BugReportParams]):
                 container=driver.container,
                 argv=["rm", "-f", remote],
                 timeout=params.exec_timeout_seconds,
+                idempotent=True,
             )
         except port.ClusterError:
             return False

@@ -1,11 +1,17 @@
 """What the Kubernetes actions share: the target node, the GPU-node guard, audit Events,
-error translation and the read-modify-write loop for atomic node fields."""
+error translation and the read-modify-write loop for atomic node fields.
+
+Failures the cluster may recover from (``ClusterError.temporary``: 5xx, 429, connection errors,
+dropped exec streams) become temporary ``ActionFailed`` for the engine to retry. A failure that
+comes after a change may have reached the cluster says so in its output, ``maybe_applied: true``,
+next to what an undo needs (the previous values): the change is then counted as possibly made.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from remediator.actions import validation
@@ -17,6 +23,8 @@ logger = logging.getLogger("remediator.actions")
 
 CORDONED_BY = "remediator.io/cordoned-by"
 CONFLICT_ATTEMPTS = 5
+MAYBE_APPLIED = "maybe_applied"
+"""Output key of a failure after which the step's effect may be (partly) in place."""
 T = TypeVar("T")
 
 
@@ -44,6 +52,27 @@ def cluster_errors(what: str) -> Iterator[None]:
         raise errors.ActionFailed(
             f"{what}: {e}", temporary=e.temporary, retry_after=e.retry_after
         ) from e
+
+
+@contextlib.contextmanager
+def changing(output: Mapping[str, Any] | Callable[[], Mapping[str, Any]]) -> Iterator[None]:
+    """Around code that changes the cluster: a failure inside it may leave the change made
+    (a write whose answer was lost, a command whose stream dropped, one GPU of several capped),
+    so its output gets ``maybe_applied`` (unless the failure set it) and ``output`` (read when
+    it fails: what undo needs)."""
+    try:
+        yield
+    except (errors.ActionFailed, port.ClusterError) as e:
+        failed = e if isinstance(e, errors.ActionFailed) else _failed(e)
+        known = output() if callable(output) else output
+        failed.output = {**known, MAYBE_APPLIED: True, **failed.output}
+        if failed is e:
+            raise
+        raise failed from e
+
+
+def _failed(e: port.ClusterError) -> errors.ActionFailed:
+    return errors.ActionFailed(str(e), temporary=e.temporary, retry_after=e.retry_after)
 
 
 async def gpu_node(cluster: port.Cluster, name: str) -> port.NodeInfo:

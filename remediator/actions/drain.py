@@ -6,6 +6,11 @@ evicted, mirror pods skipped, emptyDir an error unless allowed, unmanaged pods a
 forced; finished pods always fine). Any error: nothing is evicted and the node stays cordoned.
 Then evict in parallel (bounded), retry pods a PodDisruptionBudget blocks (429) every interval,
 and wait until each pod is gone (404 or a new uid), reporting progress; one global timeout.
+
+Eviction failures the cluster may recover from (5xx once the adapter's retries are spent,
+connection errors, even the 500 that says several budgets select a pod, which someone may fix)
+make the drain fail temporarily, for the engine to run it again later; only refusals by the
+filters are permanent. Every failure after the cordon carries ``maybe_applied``.
 """
 
 from __future__ import annotations
@@ -179,9 +184,8 @@ class _Eviction:
             if result.outcome is port.EvictionOutcome.GONE:
                 self.gone.add(pod.key)
                 return False
-            if result.outcome is port.EvictionOutcome.ERROR:
+            if result.outcome is port.EvictionOutcome.ERROR:  # may be fixed: not permanent
                 self.errors[pod.key] = result.message
-                self.transient = False
                 return False
             pdb = result.pdb or await self._pdb_for(pod)
             self.blocked[pod.key] = {"pdb": pdb, "message": result.message}
@@ -275,6 +279,16 @@ class DrainAction(actions.Action[DrainParams]):
     async def apply(self, ctx: actions.ActionContext, params: DrainParams) -> dict[str, Any]:
         cluster = ctx.require_cluster()
         node = await clusterops.gpu_node(cluster, clusterops.target_node(ctx, params.node))
+        with clusterops.changing({"node": node.name}):  # cordoned, pods perhaps evicted
+            return await self._drain(ctx, cluster, node, params)
+
+    async def _drain(
+        self,
+        ctx: actions.ActionContext,
+        cluster: port.Cluster,
+        node: port.NodeInfo,
+        params: DrainParams,
+    ) -> dict[str, Any]:
         cordon = await clusterops.cordon(ctx, cluster, node)
         plan = await self._plan(ctx, node.name, params)
         base = {"node": node.name, "cordon": cordon, "skipped": plan.skipped}
@@ -282,7 +296,11 @@ class DrainAction(actions.Action[DrainParams]):
             listed = "; ".join(f"{k}: {why}" for k, why in sorted(plan.errors.items()))
             raise errors.ActionFailed(
                 f"cannot drain {node.name}, nothing evicted, node left cordoned: {listed}",
-                output={**base, "errors": plan.errors},
+                output={
+                    **base,
+                    "errors": plan.errors,
+                    clusterops.MAYBE_APPLIED: bool(cordon["cordoned"]),
+                },
             )
         eviction = _Eviction(ctx, node.name, params)
         try:

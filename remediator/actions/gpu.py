@@ -6,6 +6,13 @@ GPU's *default* limit, so a re-fired alert does not stack caps, and must lie wit
 own [min, max] range: out-of-range values are refused, or clamped when asked (by default for
 ``percent_of_default``: never below the minimum). Undo puts back each GPU's previous limit
 unless someone has changed it since.
+
+Once the first ``-pl`` is sent, the cap may be in place whatever happens next (a stream that
+drops after ``nvidia-smi`` ran, a read-back that cannot be made, a second GPU that refuses):
+such a failure never reads as "not applied". Its output carries ``maybe_applied: true`` and
+the per-GPU records (``previous_limit``, ``set_limit``) that undo needs. A ``-pl`` whose stream
+dropped is not sent again within the attempt: the next attempt's ``check`` reads the limits
+and finds the cap in place if it was applied (a limit is never written twice).
 """
 
 from __future__ import annotations
@@ -75,9 +82,17 @@ async def find_driver(
 
 
 async def run(
-    ctx: actions.ActionContext, driver: Driver, argv: list[str], *, timeout: float
+    ctx: actions.ActionContext,
+    driver: Driver,
+    argv: list[str],
+    *,
+    timeout: float,
+    idempotent: bool = False,
 ) -> port.ExecResult:
-    """Exec ``argv`` in the driver container; exit codes are the caller's to judge."""
+    """Exec ``argv`` in the driver container; exit codes are the caller's to judge.
+
+    ``idempotent`` commands (reads) are run again if their stream drops; other failures to get
+    a result are temporary ``ActionFailed``."""
     with clusterops.cluster_errors(f"running {argv[0]} on {driver.node}"):
         return await ctx.require_cluster().exec(
             namespace=driver.namespace,
@@ -85,6 +100,7 @@ async def run(
             container=driver.container,
             argv=argv,
             timeout=timeout,
+            idempotent=idempotent,
         )
 
 
@@ -190,7 +206,7 @@ def watts_arg(value: float) -> str:
 
 async def query(ctx: actions.ActionContext, driver: Driver, timeout: float) -> list[GpuLimits]:
     argv = ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"]
-    result = await run(ctx, driver, argv, timeout=timeout)
+    result = await run(ctx, driver, argv, timeout=timeout, idempotent=True)
     if result.exit_code != 0:
         raise failure(driver, argv, result)
     try:
@@ -203,6 +219,7 @@ async def set_limit(
     ctx: actions.ActionContext, driver: Driver, uuid: str, watts: float, timeout: float
 ) -> None:
     argv = ["nvidia-smi", "-i", uuid, "-pl", watts_arg(watts)]
+    # Not run again when its stream drops: it may have run, and check() will find out.
     result = await run(ctx, driver, argv, timeout=timeout)
     if result.exit_code != 0:
         raise failure(driver, argv, result)
@@ -317,31 +334,26 @@ class PowerCapAction(actions.Action[PowerCapParams]):
     async def apply(self, ctx: actions.ActionContext, params: PowerCapParams) -> dict[str, Any]:
         node, driver, plan = await self._plan(ctx, params)
         timeout = params.exec_timeout_seconds
-        records = []
-        for gpu, target, clamped in plan:
-            changed = abs(gpu.limit - target) > TOLERANCE_W
-            if changed:
-                await set_limit(ctx, driver, gpu.uuid, target, timeout)
-            records.append(
-                _gpu_record(
-                    gpu,
-                    previous_limit=gpu.limit,
-                    set_limit=target,
-                    clamped=clamped,
-                    changed=changed,
-                )
+        records = [
+            _gpu_record(
+                gpu,
+                previous_limit=gpu.limit,
+                set_limit=target,
+                clamped=clamped,
+                changed=abs(gpu.limit - target) > TOLERANCE_W,
             )
-        after = {g.uuid: g for g in await query(ctx, driver, timeout)}
-        for record in records:
-            now = after.get(record["uuid"])
-            record["verified_limit"] = now.limit if now else None
-            record["enforced_limit"] = now.enforced if now else None
-            if now is None or abs(now.limit - record["set_limit"]) > TOLERANCE_W:
-                raise errors.ActionFailed(
-                    f"power limit of GPU {record['uuid']} on {node.name} reads back as "
-                    f"{record['verified_limit']} W, not {record['set_limit']:g} W",
-                    output={"node": node.name, "gpus": records},
-                )
+            for gpu, target, clamped in plan
+        ]
+        written = {
+            "node": node.name,
+            "driver_pod": f"{driver.namespace}/{driver.pod}",
+            "gpus": records,
+        }
+        with clusterops.changing(written):
+            for record in records:
+                if record["changed"]:
+                    await set_limit(ctx, driver, record["uuid"], record["set_limit"], timeout)
+            self._verify(node, records, await query(ctx, driver, timeout))
         summary = ", ".join(f"{r['uuid']} {r['set_limit']:g} W" for r in records)
         event = await clusterops.emit_node_event(
             ctx, ctx.require_cluster(), node, reason="RemediatorPowerCap", what=f"capped {summary}"
@@ -354,6 +366,24 @@ class PowerCapAction(actions.Action[PowerCapParams]):
             "gpus": records,
             "event": event,
         }
+
+    @staticmethod
+    def _verify(node: port.NodeInfo, records: list[dict[str, Any]], now: list[GpuLimits]) -> None:
+        """Record what each GPU reads back as; fail if one is not at the limit set."""
+        after = {g.uuid: g for g in now}
+        for record in records:
+            gpu = after.get(record["uuid"])
+            record["verified_limit"] = gpu.limit if gpu else None
+            record["enforced_limit"] = gpu.enforced if gpu else None
+        for record in records:
+            if record["verified_limit"] is None or (
+                abs(record["verified_limit"] - record["set_limit"]) > TOLERANCE_W
+            ):
+                raise errors.ActionFailed(
+                    f"power limit of GPU {record['uuid']} on {node.name} reads back as "
+                    f"{record['verified_limit']} W, not {record['set_limit']:g} W",
+                    output={"node": node.name, "gpus": records},
+                )
 
     async def _undo_plan(
         self, ctx: actions.ActionContext, params: PowerCapParams

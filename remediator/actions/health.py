@@ -111,7 +111,7 @@ async def query_health(
 ) -> tuple[list[GpuHealth], list[str], int | None]:
     """Query every GPU of the driver's node; a non-zero exit with no rows is a failure."""
     argv = ["nvidia-smi", f"--query-gpu={HEALTH_QUERY}", "--format=csv,noheader,nounits"]
-    result = await gpu.run(ctx, driver, argv, timeout=timeout)
+    result = await gpu.run(ctx, driver, argv, timeout=timeout, idempotent=True)
     gpus, lost = parse_health(result.stdout.decode("utf-8", "replace"))
     if result.exit_code != 0 and not gpus and not lost:
         raise gpu.failure(driver, argv, result)

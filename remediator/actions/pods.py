@@ -112,11 +112,15 @@ class AnnotateAction(actions.Action[AnnotateParams]):
     async def apply(self, ctx: actions.ActionContext, params: AnnotateParams) -> dict[str, Any]:
         pod = await self._pod(ctx, params)
         previous = {k: pod.annotations.get(k) for k in params.annotations}
-        with clusterops.cluster_errors(f"annotating pod {pod.key}"):
+        output = {"pod": pod.key, "set": dict(params.annotations), "previous": previous}
+        with (
+            clusterops.changing(output),
+            clusterops.cluster_errors(f"annotating pod {pod.key}"),
+        ):
             await ctx.require_cluster().annotate_pod(
                 params.namespace, params.pod, dict(params.annotations)
             )
-        return {"pod": pod.key, "set": dict(params.annotations), "previous": previous}
+        return output
 
     async def check_undo(self, ctx: actions.ActionContext, params: AnnotateParams) -> actions.Check:
         pod = await self._pod(ctx, params)
@@ -167,7 +171,10 @@ class EvictAction(actions.Action[EvictParams]):
         pod = await _pod_on_gpu_node(cluster, params.namespace, params.pod)
         if pod is None:
             return {"pod": key, "outcome": "gone"}
-        with clusterops.cluster_errors(f"evicting pod {key}"):
+        with (
+            clusterops.changing({"pod": key, "node": pod.node_name}),
+            clusterops.cluster_errors(f"evicting pod {key}"),
+        ):
             result = await cluster.evict_pod(
                 params.namespace, params.pod, grace_period_seconds=params.grace_period_seconds
             )
@@ -184,8 +191,13 @@ class EvictAction(actions.Action[EvictParams]):
                 retry_after=result.retry_after or params.retry_after_seconds,
                 output={**output, "pdb": result.pdb, "message": result.message},
             )
-        if result.outcome is port.EvictionOutcome.ERROR:
-            raise errors.ActionFailed(f"eviction of {key} failed: {result.message}", output=output)
+        if result.outcome is port.EvictionOutcome.ERROR:  # e.g. several budgets select it
+            raise errors.ActionFailed(
+                f"eviction of {key} failed: {result.message}",
+                temporary=True,
+                retry_after=params.retry_after_seconds,
+                output={**output, "message": result.message},
+            )
         return output
 
     def describe(self, params: EvictParams) -> str:

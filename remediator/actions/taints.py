@@ -3,6 +3,8 @@ whole list, guarded by the resourceVersion it was read at, and is retried on 409
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pydantic
@@ -48,15 +50,27 @@ def without_taints(
     return [t for t in current if not hit(t)], [t for t in current if hit(t)]
 
 
+Changes = Callable[[list[port.Taint], list[port.Taint]], dict[str, Any]]
+
+
 async def _replace(
     ctx: actions.ActionContext,
     node_param: str | None,
     edit: Any,
+    *,
+    changes: Changes | None = None,
 ) -> tuple[port.NodeInfo, list[port.Taint], list[port.Taint]]:
-    """Read-modify-write of the taint list; returns the node and the list before and after."""
+    """Read-modify-write of the taint list; returns the node and the list before and after.
+
+    With ``changes`` (what apply reports from the lists before and after), a failure once the
+    write may have landed says so (``clusterops.changing``)."""
     cluster = ctx.require_cluster()
     node = await clusterops.gpu_node(cluster, clusterops.target_node(ctx, node_param))
     seen: dict[str, list[port.Taint]] = {}
+
+    def written() -> dict[str, Any]:
+        before, after = seen.get("before", []), seen.get("after", [])
+        return {"node": node.name, **(changes(before, after) if changes else {})}
 
     async def attempt() -> port.NodeInfo:
         fresh = await cluster.get_node(node.name)
@@ -68,12 +82,25 @@ async def _replace(
             node.name, after, resource_version=fresh.resource_version
         )
 
-    updated = await clusterops.with_conflict_retries(f"tainting node {node.name}", attempt)
+    guard: contextlib.AbstractContextManager[None] = (
+        clusterops.changing(written) if changes is not None else contextlib.nullcontext()
+    )
+    with guard:
+        updated = await clusterops.with_conflict_retries(f"tainting node {node.name}", attempt)
     return updated, seen["before"], seen["after"]
 
 
 def _dicts(taints: list[port.Taint]) -> list[dict[str, str]]:
     return [t.as_dict() for t in taints]
+
+
+def _added_replaced(
+    wanted: list[port.Taint], before: list[port.Taint]
+) -> tuple[list[port.Taint], list[port.Taint]]:
+    """The wanted taints that were not there, and the ones they replaced (same key, effect)."""
+    slots = {_slot(t) for t in wanted}
+    added = [t for t in wanted if t not in before]
+    return added, [t for t in before if _slot(t) in slots and t not in wanted]
 
 
 class TaintAction(actions.Action[TaintParams]):
@@ -93,10 +120,15 @@ class TaintAction(actions.Action[TaintParams]):
 
     async def apply(self, ctx: actions.ActionContext, params: TaintParams) -> dict[str, Any]:
         wanted = [_taint(t) for t in params.taints]
-        node, before, _ = await _replace(ctx, params.node, lambda cur: with_taints(cur, wanted))
-        slots = {_slot(t) for t in wanted}
-        replaced = [t for t in before if _slot(t) in slots and t not in wanted]
-        added = [t for t in wanted if t not in before]
+
+        def changes(before: list[port.Taint], _: list[port.Taint]) -> dict[str, Any]:
+            added, replaced = _added_replaced(wanted, before)
+            return {"added": _dicts(added), "replaced": _dicts(replaced)}
+
+        node, before, _ = await _replace(
+            ctx, params.node, lambda cur: with_taints(cur, wanted), changes=changes
+        )
+        added, replaced = _added_replaced(wanted, before)
         what = ", ".join(f"{t.key}={t.value or ''}:{t.effect}" for t in added) or "none"
         event = await clusterops.emit_node_event(
             ctx, ctx.require_cluster(), node, reason="RemediatorTaint", what=f"taints {what}"
@@ -151,8 +183,11 @@ class UntaintAction(actions.Action[UntaintParams]):
         return actions.Check(in_place=not hits, output={"node": node.name, "removed": []})
 
     async def apply(self, ctx: actions.ActionContext, params: UntaintParams) -> dict[str, Any]:
+        def changes(before: list[port.Taint], after: list[port.Taint]) -> dict[str, Any]:
+            return {"removed": _dicts([t for t in before if t not in after])}
+
         node, before, after = await _replace(
-            ctx, params.node, lambda cur: without_taints(cur, params.taints)[0]
+            ctx, params.node, lambda cur: without_taints(cur, params.taints)[0], changes=changes
         )
         removed = [t for t in before if t not in after]
         what = ", ".join(f"{t.key}:{t.effect}" for t in removed) or "none"

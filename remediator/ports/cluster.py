@@ -2,8 +2,10 @@
 
 Only the adapter knows kubernetes_asyncio; actions speak in these plain records, so they are
 tested against the simulator through the real client and, in unit tests, against fakes of this
-port. The adapter retries transport failures (429, 5xx, connection errors) itself, within
-bounds; what reaches an action is either a result or one of the ``ClusterError`` classes below.
+port. The adapter retries transport failures (429, 5xx, connection errors, timeouts, failed
+websocket handshakes) itself, for a bounded time; what reaches an action is either a result or
+one of the ``ClusterError`` classes below. Every failure that may pass if tried again later is
+``temporary``: actions turn those into temporary step failures for the engine to retry.
 """
 
 from __future__ import annotations
@@ -92,6 +94,13 @@ class ExecTimedOut(Unavailable):
     """An exec'd command gave no result within its timeout (it may still be running)."""
 
     code = "exec_timed_out"
+
+
+class ExecInterrupted(Unavailable):
+    """The exec stream ended before the command's exit status arrived: the command may have
+    run, in part or in whole, or not at all."""
+
+    code = "exec_interrupted"
 
 
 # ---- records ----------------------------------------------------------------------------
@@ -279,9 +288,22 @@ class Cluster(Protocol):
         ...
 
     async def exec(
-        self, *, namespace: str, pod: str, container: str | None, argv: list[str], timeout: float
+        self,
+        *,
+        namespace: str,
+        pod: str,
+        container: str | None,
+        argv: list[str],
+        timeout: float,
+        idempotent: bool = False,
     ) -> ExecResult:
-        """Run ``argv`` (never a shell) in the container; ``Unavailable`` on timeout."""
+        """Run ``argv`` (never a shell) in the container.
+
+        ``ExecTimedOut`` when a started command gives no result within ``timeout``,
+        ``ExecInterrupted`` when its stream drops first, ``Unavailable`` when no stream could be
+        opened. ``idempotent`` commands (reads: running them twice changes nothing) are run
+        again when their stream drops, within the adapter's retry bounds.
+        """
         ...
 
     async def find_driver_pod(

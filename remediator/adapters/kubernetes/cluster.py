@@ -34,7 +34,7 @@ class KubeCluster:
         self._core: Any = client.CoreV1Api(self._api)
         self._policy: Any = client.PolicyV1Api(self._api)
         self._retrier = transport.Retrier(
-            attempts=settings.retry_attempts, max_seconds=settings.retry_max_seconds
+            max_seconds=settings.retry_max_seconds, attempts=settings.retry_attempts
         )
         self._timeout = settings.request_timeout
 
@@ -181,10 +181,9 @@ class KubeCluster:
             body["deleteOptions"] = {"gracePeriodSeconds": grace_period_seconds}
 
         def retryable(e: BaseException) -> bool:
-            if transport.is_pdb_refusal(e):
+            if transport.is_pdb_refusal(e) or transport.is_multiple_budgets(e):
                 return False
-            # a 500 from the eviction subresource is an answer (several budgets select it)
-            return transport.is_transient(e) and transport.status_of(e) != 500
+            return transport.is_transient(e)
 
         try:
             await self._retrier.call(
@@ -202,7 +201,7 @@ class KubeCluster:
                 raise
             return _blocked(cause, e)
         except port.Unavailable as e:
-            if e.status != 500:
+            if e.__cause__ is None or not transport.is_multiple_budgets(e.__cause__):
                 raise
             return port.EvictionResult(
                 outcome=port.EvictionOutcome.ERROR, message=str(e), status=500
@@ -290,7 +289,14 @@ class KubeCluster:
     # ---- exec -------------------------------------------------------------------------
 
     async def exec(
-        self, *, namespace: str, pod: str, container: str | None, argv: list[str], timeout: float
+        self,
+        *,
+        namespace: str,
+        pod: str,
+        container: str | None,
+        argv: list[str],
+        timeout: float,
+        idempotent: bool = False,
     ) -> port.ExecResult:
         if not argv:
             raise ValueError("exec needs a non-empty argv")
@@ -308,20 +314,32 @@ class KubeCluster:
         }
         if container:
             kwargs["container"] = container
+        streaming = False
 
         async def connect() -> aiohttp.ClientWebSocketResponse:
             manager = await core.connect_get_namespaced_pod_exec(pod, namespace, **kwargs)
             ws: aiohttp.ClientWebSocketResponse = await manager
             return ws
 
+        async def once() -> port.ExecResult:
+            nonlocal streaming
+            streaming = False
+            ws = await self._retrier.call(what, connect)
+            streaming = True
+            try:
+                return await streams.read_frames(ws, what)
+            finally:
+                await ws.close()
+
+        def interrupted(e: BaseException) -> bool:
+            return idempotent and isinstance(e, port.ExecInterrupted)
+
         try:
             async with asyncio.timeout(timeout):
-                ws = await self._retrier.call(what, connect)
-                try:
-                    return await streams.read_frames(ws, what)
-                finally:
-                    await ws.close()
+                return await self._retrier.call(what, once, retryable=interrupted)
         except TimeoutError as e:
+            if not streaming:  # never reached the container: nothing can be running
+                raise port.Unavailable(f"{what}: no connection within {timeout:g}s") from e
             raise port.ExecTimedOut(f"{what}: no result after {timeout:g}s") from e
 
     async def close(self) -> None:

@@ -27,10 +27,13 @@ class KubernetesConfig(pydantic.BaseModel):
     ca_file: str | None = None
     insecure_skip_tls_verify: bool = False
     request_timeout: float = pydantic.Field(30.0, gt=0)
-    retry_attempts: int = pydantic.Field(5, ge=1, le=20)
-    """Transport attempts per request (429, 5xx, connection errors)."""
-    retry_max_seconds: float = pydantic.Field(30.0, gt=0)
-    """Upper bound on the time spent retrying one request."""
+    retry_attempts: int | None = pydantic.Field(None, ge=1, le=1000)
+    """Optional cap on the attempts per request; default: only ``retry_max_seconds`` bounds
+    them."""
+    retry_max_seconds: float = pydantic.Field(15.0, gt=0, le=600)
+    """How long one request is retried with backoff when it fails in a way that may pass (429,
+    5xx, connection errors, timeouts, failed websocket handshakes, dropped exec streams of
+    idempotent commands). Keep it short: it holds up the step, which is itself retried later."""
     gpu_node_selector: str = "nvidia.com/gpu.present=true"
     driver_namespace: str = "gpu-operator"
     driver_selector: str = "app.kubernetes.io/component=nvidia-driver"

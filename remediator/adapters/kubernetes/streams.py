@@ -3,6 +3,10 @@
 kubernetes_asyncio's preloaded exec decodes frames as UTF-8 and drops the exit code, so the
 adapter asks for the raw websocket (``_preload_content=False``) and reads the binary frames
 itself: ``<channel byte><payload>`` with 1 stdout, 2 stderr, 3 a JSON ``metav1.Status``.
+
+A stream that ends (or breaks) before the status frame, or a status that reports a server-side
+failure (5xx) instead of the command's own exit, is ``ExecInterrupted``: the command may or may
+not have run, and only the caller knows whether running it again is harmless.
 """
 
 from __future__ import annotations
@@ -31,7 +35,35 @@ def exit_code(status: dict[str, Any]) -> int | None:
     return None
 
 
+SERVER_FAILURES = frozenset({"InternalError", "ServiceUnavailable", "Timeout", "ServerTimeout"})
+
+
+def is_server_failure(status: dict[str, Any]) -> bool:
+    """A Failure status the API server or kubelet gave instead of the command's exit code."""
+    if exit_code(status) is not None:
+        return False
+    code = status.get("code")
+    return (isinstance(code, int) and code >= 500) or status.get("reason") in SERVER_FAILURES
+
+
 async def read_frames(ws: aiohttp.ClientWebSocketResponse, what: str) -> port.ExecResult:
+    try:
+        result = await _read(ws)
+    except (aiohttp.ClientError, ConnectionError) as e:
+        raise port.ExecInterrupted(f"{what}: the exec stream broke: {e}") from e
+    if result is None:
+        close = f" (close code {ws.close_code})" if ws.close_code is not None else ""
+        raise port.ExecInterrupted(f"{what}: the exec stream ended without a status{close}")
+    if is_server_failure(result.status):
+        message = result.status.get("message") or result.status.get("reason")
+        code = result.status.get("code")
+        raise port.ExecInterrupted(
+            f"{what}: {message}", status=code if isinstance(code, int) else None
+        )
+    return result
+
+
+async def _read(ws: aiohttp.ClientWebSocketResponse) -> port.ExecResult | None:
     stdout = bytearray()
     stderr = bytearray()
     status: dict[str, Any] | None = None
@@ -52,7 +84,7 @@ async def read_frames(ws: aiohttp.ClientWebSocketResponse, what: str) -> port.Ex
         elif channel == STATUS:
             status = _status(payload)
     if status is None:
-        raise port.Unavailable(f"{what}: the exec stream ended without a status")
+        return None
     return port.ExecResult(
         stdout=bytes(stdout), stderr=bytes(stderr), exit_code=exit_code(status), status=status
     )

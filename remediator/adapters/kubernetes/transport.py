@@ -1,9 +1,12 @@
 """Transport retries (tenacity) and the translation of library errors into ``ports.cluster``.
 
-Retried, within ``attempts`` and ``max_seconds``: 429 (after its Retry-After), 500/502/503/504,
-connection errors and client timeouts. Never retried: other 4xx (409 is the caller's to handle
-with a fresh read). A 429 that a PodDisruptionBudget caused is an answer, not congestion, so the
-eviction call passes its own predicate.
+Retried with backoff for at most ``max_seconds`` (and, if set, ``attempts``): 429 (after its
+Retry-After), 500/502/503/504, connection errors (refused, reset, DNS, server disconnects),
+client timeouts and websocket handshakes that did not upgrade. Never retried: other 4xx (409 is
+the caller's to handle with a fresh read). A 429 that a PodDisruptionBudget caused, and the 500
+that says several budgets select a pod, are answers, not congestion, so the eviction call
+passes its own predicate. Whatever outlasts the retries and may pass later is translated into a
+``ClusterError`` whose ``temporary`` is true; only definite answers are permanent.
 """
 
 from __future__ import annotations
@@ -24,6 +27,14 @@ logger = logging.getLogger("remediator.adapters.kubernetes")
 T = TypeVar("T")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_RETRY_AFTER = 30.0
+MAX_BACKOFF = 5.0
+MULTIPLE_BUDGETS = "more than one poddisruptionbudget"
+TRANSIENT_ERRORS = (
+    aiohttp.ClientConnectionError,  # refused, reset, DNS, server disconnected, client timeouts
+    aiohttp.ClientPayloadError,
+    ConnectionError,
+    TimeoutError,
+)
 
 
 def body_of(e: BaseException) -> dict[str, Any]:
@@ -58,11 +69,18 @@ def retry_after_of(e: BaseException) -> float | None:
         return None
 
 
+def is_failed_upgrade(e: BaseException) -> bool:
+    """A websocket handshake the server (or a proxy) answered without upgrading or refusing."""
+    return isinstance(e, aiohttp.WSServerHandshakeError) and (e.status or 0) < 400
+
+
 def is_transient(e: BaseException) -> bool:
+    if is_failed_upgrade(e):
+        return True
     status = status_of(e)
     if status is not None:
         return status in RETRY_STATUSES
-    return isinstance(e, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError | TimeoutError)
+    return isinstance(e, TRANSIENT_ERRORS)
 
 
 def is_pdb_refusal(e: BaseException) -> bool:
@@ -76,6 +94,11 @@ def is_pdb_refusal(e: BaseException) -> bool:
     return "disruption budget" in str(body.get("message", "")).lower()
 
 
+def is_multiple_budgets(e: BaseException) -> bool:
+    """The eviction 500 that means "several budgets select this pod" (an answer, not a fault)."""
+    return status_of(e) == 500 and MULTIPLE_BUDGETS in str(body_of(e).get("message", "")).lower()
+
+
 def translate(e: BaseException, what: str) -> port.ClusterError:
     status = status_of(e)
     body = body_of(e)
@@ -83,8 +106,13 @@ def translate(e: BaseException, what: str) -> port.ClusterError:
     text = f"{what}: {message}"
     reason = body.get("reason")
     kwargs: dict[str, Any] = {"status": status, "reason": reason}
+    if is_failed_upgrade(e):
+        return port.Unavailable(f"{what}: websocket handshake failed: {message}", **kwargs)
     if status is None:
-        return port.Unavailable(f"{what}: {type(e).__name__}: {e}".rstrip(": "), **kwargs)
+        text = f"{what}: {type(e).__name__}: {e}".rstrip(": ")
+        if isinstance(e, TRANSIENT_ERRORS):
+            return port.Unavailable(text, **kwargs)
+        return port.ClusterError(text, **kwargs)  # e.g. a request the client could not build
     if status == 404:
         return port.NotFound(text, **kwargs)
     if status == 409:
@@ -101,10 +129,18 @@ def translate(e: BaseException, what: str) -> port.ClusterError:
 
 
 class Retrier:
-    def __init__(self, *, attempts: int, max_seconds: float) -> None:
+    def __init__(self, *, max_seconds: float, attempts: int | None = None) -> None:
         self.attempts = attempts
         self.max_seconds = max_seconds
-        self._backoff = tenacity.wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2)
+        self._backoff = tenacity.wait_exponential_jitter(
+            multiplier=0.2, max=MAX_BACKOFF, jitter=0.2
+        )
+
+    def _stop(self) -> tenacity.stop.stop_base:
+        stop: tenacity.stop.stop_base = tenacity.stop_before_delay(self.max_seconds)
+        if self.attempts is not None:
+            stop = stop | tenacity.stop_after_attempt(self.attempts)
+        return stop
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -118,22 +154,23 @@ class Retrier:
         *,
         retryable: Callable[[BaseException], bool] = is_transient,
     ) -> T:
-        """Run ``fn`` with bounded retries; raise ``port.ClusterError`` (chained) on failure."""
+        """Run ``fn``, retrying what ``retryable`` accepts for a bounded time; raise
+        ``port.ClusterError`` (chained) on failure."""
 
         def log(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
+            status = status_of(exc) if exc is not None else None
             logger.warning(
-                "kubernetes %s failed (attempt %d, status %s); retrying in %.2fs",
+                "kubernetes %s failed (attempt %d, %s); retrying in %.2fs",
                 what,
                 state.attempt_number,
-                status_of(exc) if exc else None,
+                f"status {status}" if status else type(exc).__name__,
                 state.upcoming_sleep,
             )
 
         retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception(retryable),
-            stop=tenacity.stop_after_attempt(self.attempts)
-            | tenacity.stop_before_delay(self.max_seconds),
+            stop=self._stop(),
             wait=self._wait,
             before_sleep=log,
             reraise=True,
@@ -146,5 +183,10 @@ class Retrier:
             return await retrying(attempt)
         except port.ClusterError:
             raise
-        except (k8s_exceptions.ApiException, aiohttp.ClientError, TimeoutError) as e:
+        except (
+            k8s_exceptions.ApiException,
+            aiohttp.ClientError,
+            ConnectionError,
+            TimeoutError,
+        ) as e:
             raise translate(e, what) from e

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import datetime as dt
 import pathlib
-from collections.abc import AsyncIterator, Callable
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from remediator.adapters import kubernetes
 from remediator.ports import actions
@@ -39,6 +42,48 @@ async def cluster(sim: testing.RunningSim) -> AsyncIterator[kubernetes.KubeClust
         yield kube
     finally:
         await kube.close()
+
+
+Connect = Callable[..., Awaitable[kubernetes.KubeCluster]]
+
+
+@pytest.fixture
+async def connect(sim: testing.RunningSim) -> AsyncIterator[Connect]:
+    """``await connect(retry_max_seconds=0.5)``: another client, with other settings."""
+    opened: list[kubernetes.KubeCluster] = []
+
+    async def make(**overrides: Any) -> kubernetes.KubeCluster:
+        opened.append(await kubernetes.connect(kube_config(sim, **overrides)))
+        return opened[-1]
+
+    yield make
+    for kube in opened:
+        await kube.close()
+
+
+async def set_faults(sim: testing.RunningSim, body: dict[str, object]) -> None:
+    """Fault injection rules (``remediator.sim.faults``), through the simulator's admin API."""
+    async with (
+        aiohttp.ClientSession(headers=sim.headers) as http,
+        http.put(f"{sim.url}/sim/v1/faults", json=body) as resp,
+    ):
+        assert resp.status == 200
+
+
+async def stop_listening(sim: testing.RunningSim) -> None:
+    """The API server goes away: its port refuses connections and open ones are cut.
+    The simulated cluster keeps its state for ``start_listening``."""
+    for site in list(sim.runner.sites):
+        await site.stop()
+    server = sim.runner.server
+    for handler in server.connections if server is not None else []:
+        handler.force_close()
+
+
+async def start_listening(sim: testing.RunningSim) -> None:
+    """The API server is back, on the same address."""
+    url = urllib.parse.urlsplit(sim.url)
+    await web.TCPSite(sim.runner, url.hostname, url.port).start()
 
 
 class Progress:

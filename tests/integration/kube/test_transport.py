@@ -6,20 +6,20 @@ import logging
 
 import aiohttp
 import pytest
+from kubernetes_asyncio.client import exceptions as k8s_exceptions
 
 from remediator.actions import pods
 from remediator.adapters import kubernetes
+from remediator.adapters.kubernetes import transport
 from remediator.ports import cluster as port
 from remediator.sim import testing
-from tests.integration.kube.conftest import MakeContext, kube_config, node_events, run_action
-
-
-async def set_faults(sim: testing.RunningSim, body: dict[str, object]) -> None:
-    async with (
-        aiohttp.ClientSession(headers=sim.headers) as http,
-        http.put(f"{sim.url}/sim/v1/faults", json=body) as resp,
-    ):
-        assert resp.status == 200
+from tests.integration.kube.conftest import (
+    MakeContext,
+    kube_config,
+    node_events,
+    run_action,
+    set_faults,
+)
 
 
 @pytest.mark.parametrize("fault", [{"rate_503": 0.5}, {"rate_429": 0.5}])
@@ -78,3 +78,18 @@ async def test_event_action_records_an_event_on_the_node(
     assert event["type"] == "Warning"
     assert event["source"]["component"] == "remediator"
     assert event["message"].startswith("Xid 79 on GPU 5 (remediator run 7")
+
+
+async def test_connection_failures_and_5xx_are_temporary_and_other_answers_are_not() -> None:
+    refused = aiohttp.ClientConnectorError(
+        aiohttp.client_reqrep.ConnectionKey("h", 1, False, True, None, None, None),
+        OSError(111, "Connection refused"),
+    )
+    assert transport.is_transient(refused)
+    assert transport.translate(refused, "get node").temporary is True
+    assert transport.translate(aiohttp.ServerDisconnectedError(), "get node").temporary is True
+    gateway = k8s_exceptions.ApiException(status=504, reason="Gateway Timeout")
+    assert transport.translate(gateway, "get node").temporary is True
+    unbuildable = k8s_exceptions.ApiException(status=0, reason="Cannot prepare a request")
+    assert not transport.is_transient(unbuildable)
+    assert transport.translate(unbuildable, "get node").temporary is False
