@@ -1,5 +1,5 @@
-"""Admin endpoints under ``/sim/v1``: GPU state, node flags, settings, faults, state, reset and
-the mutation log."""
+"""Admin endpoints under ``/sim/v1``: GPU state, node flags, settings, faults, state, reset, the
+mutation log and the exec sessions."""
 
 from __future__ import annotations
 
@@ -177,6 +177,11 @@ async def get_mutations(request: web.Request) -> web.Response:
     )
 
 
+async def get_execs(request: web.Request) -> web.Response:
+    """Every exec session since the start (or the last reset), oldest first."""
+    return _json([dataclasses.asdict(r) for r in request.app[api.CLUSTER].exec_log])
+
+
 async def reset(request: web.Request) -> web.Response:
     cluster = request.app[api.CLUSTER]
     cluster.reset()
@@ -188,6 +193,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/sim/v1/state", state)
     app.router.add_post("/sim/v1/reset", reset)
     app.router.add_get("/sim/v1/mutations", get_mutations)
+    app.router.add_get("/sim/v1/execs", get_execs)
     app.router.add_get("/sim/v1/faults", get_faults)
     app.router.add_put("/sim/v1/faults", put_faults)
     app.router.add_get("/sim/v1/settings", get_settings)

@@ -27,6 +27,7 @@ class ExecRecord:
     exit_code: int | None = None  # None while running or when the client went away
     dropped: str | None = None
     """An injected fault closed the stream "before" the command ran or "after" it."""
+    at: str = dataclasses.field(default_factory=store.timestamp_precise)
 
 
 class Cluster:

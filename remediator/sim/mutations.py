@@ -18,10 +18,11 @@ again.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from remediator.sim import store
 
 UNSCHEDULABLE = "node.unschedulable"
 LABEL = "node.label"
@@ -34,10 +35,6 @@ REPEATABLE = frozenset({EVICTION, DELETION})
 changes nothing (the API server accepts it, and ``kubectl drain`` does it after a restart)."""
 
 Obj = dict[str, Any]
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +74,7 @@ class Log:
     ) -> Mutation:
         entry = Mutation(
             seq=self.entries[-1].seq + 1 if self.entries else 1,
-            at=_now(),
+            at=store.timestamp_precise(),
             epoch=self.epoch,
             boot=self.boot,
             kind=kind,

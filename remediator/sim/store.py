@@ -34,6 +34,11 @@ def timestamp(moment: datetime.datetime | None = None) -> str:
     return (moment or utcnow()).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def timestamp_precise() -> str:
+    """Now, to the microsecond (for logs; object timestamps have whole seconds)."""
+    return utcnow().isoformat(timespec="microseconds")
+
+
 @dataclasses.dataclass(frozen=True)
 class Change:
     rv: int

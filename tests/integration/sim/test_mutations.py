@@ -119,6 +119,12 @@ async def test_an_exec_dropped_after_its_command_ran_has_its_effect_but_no_statu
     assert (result.stdout, result.status) == (b"", {})
     assert sim_server.gpu("gpu-node-01", 0).power_limit == 500.0
     assert sim_server.cluster.exec_log[-1].dropped == "before"
+    status, sessions = await admin(sim_server, "GET", "/execs")
+    assert status == 200
+    assert [(e["argv"][-1], e["dropped"]) for e in sessions] == [
+        ("500", "after"),
+        ("600", "before"),
+    ]
 
 
 async def test_a_reset_starts_a_new_epoch_with_an_empty_log(
