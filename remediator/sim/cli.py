@@ -50,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "so a restarted simulator keeps its state; without it a restart starts from the fleet",
     )
     parser.add_argument(
+        "--restore",
+        choices=("all", "gpus"),
+        default="all",
+        help="what to restore from --state-file: everything, or only the GPUs (an API server "
+        "that lost its etcd: objects start over from the fleet, GPUs keep their power limits)",
+    )
+    parser.add_argument(
         "--time-scale",
         type=float,
         default=None,
@@ -95,6 +102,7 @@ async def _serve(args: argparse.Namespace, fleet: fleet_mod.Fleet, token: str) -
         kubeconfig_path=args.kubeconfig,
         tls=args.tls,
         state_file=args.state_file,
+        restore=args.restore,
     )
     print(f"remediator sim: serving the Kubernetes API on {sim.url}", flush=True)
     log = sim.cluster.mutations

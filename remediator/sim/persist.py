@@ -6,6 +6,11 @@ mutation log (same epoch, next boot). Not kept: watch history (a client resuming
 before the restart gets 410 Expired and lists again, as after an API server restart), fault
 rules and exec sessions. Without a state file, a restart starts over from the fleet: cordons,
 labels, taints and power limits are gone, and the mutation log starts a new epoch.
+
+In between, ``restore(..., what="gpus")`` puts back only the GPUs: the Kubernetes objects start
+over from the fleet (an API server that lost its etcd) while the GPUs keep their power limits
+(they live in the driver on the node, not in the API server). The mutation log starts a new
+epoch then too.
 """
 
 from __future__ import annotations
@@ -15,12 +20,13 @@ import dataclasses
 import json
 import os
 import pathlib
-from typing import Any
+from typing import Any, Literal
 
 from remediator.sim import cluster as cluster_mod
 from remediator.sim import fleet, mutations, nvidia
 
 VERSION = 1
+Restore = Literal["all", "gpus"]
 
 
 def snapshot(cluster: cluster_mod.Cluster) -> dict[str, Any]:
@@ -46,10 +52,13 @@ def snapshot(cluster: cluster_mod.Cluster) -> dict[str, Any]:
     }
 
 
-def restore(cluster: cluster_mod.Cluster, state: dict[str, Any]) -> None:
-    """Put ``cluster`` back in the state ``snapshot`` described."""
+def restore(cluster: cluster_mod.Cluster, state: dict[str, Any], what: Restore = "all") -> None:
+    """Put ``cluster`` back in the state ``snapshot`` described (``what="gpus"``: only its GPUs)."""
     if state.get("version") != VERSION:
         raise ValueError(f"unsupported state file version {state.get('version')!r}")
+    if what == "gpus":
+        _restore_gpus(cluster, state)
+        return
     cluster.store.load(state["objects"], int(state["resourceVersion"]))
     cluster.settings = fleet.Settings.model_validate(state["settings"])
     cluster.hosts = {
@@ -67,6 +76,13 @@ def restore(cluster: cluster_mod.Cluster, state: dict[str, Any]) -> None:
     }
     cluster.mutations = mutations.Log.restored(state["mutations"])
     cluster.wake.set()
+
+
+def _restore_gpus(cluster: cluster_mod.Cluster, state: dict[str, Any]) -> None:
+    for node, host in state["hosts"].items():
+        current = cluster.hosts.get(node)
+        if current is not None:
+            current.gpus = [nvidia.Gpu(**gpu) for gpu in host["gpus"]]
 
 
 def load(path: str | pathlib.Path) -> dict[str, Any] | None:

@@ -69,11 +69,13 @@ def create_app(
     token: str,
     time_scale: float | None = None,
     state: dict[str, Any] | None = None,
+    restore: persist.Restore = "all",
 ) -> web.Application:
     """Build the simulator for ``fleet``; every request needs ``Authorization: Bearer token``.
 
     ``state`` (from ``persist.load``) restores a previous simulator's cluster instead of
-    seeding the fleet; ``time_scale`` still wins over the saved settings.
+    seeding the fleet (``restore="gpus"``: only its GPUs, see ``persist``); ``time_scale``
+    still wins over the saved settings.
     """
     if time_scale is not None:
         fleet = fleet.model_copy(
@@ -82,7 +84,7 @@ def create_app(
     app = web.Application(middlewares=[error_middleware, auth_middleware, faults.middleware])
     cluster = cluster_mod.Cluster(fleet)
     if state is not None:
-        persist.restore(cluster, state)
+        persist.restore(cluster, state, restore)
         if time_scale is not None:
             cluster.settings = cluster.settings.model_copy(update={"time_scale": time_scale})
     disruption.install(cluster)

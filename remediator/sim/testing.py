@@ -160,17 +160,23 @@ async def start_sim(
     kubeconfig_path: str | pathlib.Path | None = None,
     tls: bool = False,
     state_file: str | pathlib.Path | None = None,
+    restore: persist.Restore = "all",
 ) -> RunningSim:
     """Start the simulator on ``host:port`` (0: ephemeral) and write a kubeconfig for it.
 
     ``time_scale`` defaults to 0.01 (a 30 s grace period lasts 0.3 s); ``None`` keeps the
     fleet's own setting. ``tls`` serves HTTPS with the bundled self-signed certificate (needed
     by kubectl, which sends bearer tokens only over TLS). ``state_file``: restore the cluster
-    saved there, if any, and save it there on ``stop`` (see ``persist``).
+    saved there, if any (``restore="gpus"``: only its GPUs), and save it there on ``stop``
+    (see ``persist``).
     """
     state = persist.load(state_file) if state_file is not None else None
     app = server.create_app(
-        fleet or fleet_mod.Fleet.default(), token=token, time_scale=time_scale, state=state
+        fleet or fleet_mod.Fleet.default(),
+        token=token,
+        time_scale=time_scale,
+        state=state,
+        restore=restore,
     )
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()

@@ -69,6 +69,26 @@ async def test_without_the_state_file_a_restart_loses_the_cluster_state() -> Non
         await second.stop()
 
 
+async def test_restoring_only_the_gpus_loses_the_objects_but_keeps_power_limits(
+    tmp_path: pathlib.Path,
+) -> None:
+    state = tmp_path / "sim-state.json"
+    first = await testing.start_sim(state_file=state)
+    try:
+        await _cordon_and_cap(first)
+        epoch = first.cluster.mutations.epoch
+    finally:
+        await first.stop()
+    second = await testing.start_sim(state_file=state, restore="gpus")
+    try:
+        assert not second.node("gpu-node-02")["spec"].get("unschedulable")
+        assert second.gpu("gpu-node-02", 3).power_limit == 490.0
+        assert second.cluster.mutations.epoch != epoch
+        assert second.cluster.mutations.entries == []
+    finally:
+        await second.stop()
+
+
 async def test_the_cli_saves_its_state_on_sigterm_and_restores_it(tmp_path: pathlib.Path) -> None:
     state = tmp_path / "state.json"
     port = free_port()
