@@ -161,13 +161,13 @@ class SimProcess:
         self.lost_mutations: list[dict[str, Any]] = []
         """The mutation log of state epochs a restart threw away."""
 
-    def start(self, timeout: float = 30) -> None:
+    def start(self, timeout: float = 30, *, restore: str = "all") -> None:
         argv = [
             *(sys.executable, "-m", "remediator", "sim", "--no-tls"),
             *("--listen", f"127.0.0.1:{self.port}", "--token", self.token),
             *("--kubeconfig", str(self.workdir / "sim.kubeconfig")),
             *("--fleet", str(self.fleet_file), "--time-scale", str(TIME_SCALE)),
-            *("--state-file", str(self.state_file)),
+            *("--state-file", str(self.state_file), "--restore", restore),
         ]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
@@ -197,15 +197,17 @@ class SimProcess:
             self.proc.wait(10)
 
     def restart(self, *, keep_state: bool) -> None:
+        """Restart keeping everything, or losing every Kubernetes object (back to the fleet: an
+        API server that lost its etcd) while the GPUs keep their power limits (those live in
+        the driver on the node)."""
         self.earlier_execs += self.admin("GET", "/execs")
         if not keep_state:
             self.lost_mutations += self.admin("GET", "/mutations")["entries"]
         self.stop()
-        if not keep_state:
-            self.state_file.unlink(missing_ok=True)
         moment = dt.datetime.now(dt.UTC).strftime("%H:%M:%S")
-        self.restarts.append(f"{'kept' if keep_state else 'lost'} its state at {moment} UTC")
-        self.start()
+        what = "kept its state" if keep_state else "lost its objects (GPUs kept their limits)"
+        self.restarts.append(f"{what} at {moment} UTC")
+        self.start(restore="all" if keep_state else "gpus")
 
     @property
     def headers(self) -> dict[str, str]:

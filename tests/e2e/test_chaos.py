@@ -1,11 +1,11 @@
 """Chaos: a storm of real GPU alerts against a real ``remediator serve`` that is SIGKILLed at
 random moments (more than twenty times), on a simulated cluster whose API fails about one
 request in five (429, 500, 503), drops exec streams before and after their command ran, and
-restarts twice: once keeping its state, once losing it (cordons, labels, taints and power
-limits gone, as after an API server that lost its etcd). Alerts fire, repeat and resolve (some
-while their first steps still run) for thermal (GPUTemperatureHigh/Critical), Xid 79 and
-uncorrectable ECC errors, with the shipped playbooks in ``rules/`` and an operator approving
-drains through the API. Then, with faults off:
+restarts twice: once keeping its state, once losing every Kubernetes object (cordons, labels
+and taints gone, as after an API server that lost its etcd; GPUs keep their power limits).
+Alerts fire, repeat and resolve (some while their first steps still run) for thermal
+(GPUTemperatureHigh/Critical), Xid 79 and uncorrectable ECC errors, with the shipped playbooks
+in ``rules/`` and an operator approving drains through the API. Then, with faults off:
 
 1. every delivery answered 200 is stored: the raw delivery, and an episode for every alert in
    it (resolved if the delivery resolved it);
@@ -18,7 +18,7 @@ drains through the API. Then, with faults off:
 5. the audit chain verifies (``remediator audit verify`` on the database, and the API);
 6. every effect a run applied and its playbook never undoes (``on_resolve: continue``: the
    cordon, label and taint of Xid and ECC runs) is in the final cluster state, or the audit log
-   has an ``effect.orphaned`` event reporting it (it disappeared with the simulator's state).
+   has an ``effect.orphaned`` event reporting it (it disappeared with the simulator's objects).
 
 An ``effect.orphaned`` event counts for a node when its data or reason names the node (or its
 run is on the node) and, if it names GPUs at all, for a GPU when it names that GPU.
