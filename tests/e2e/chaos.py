@@ -503,9 +503,9 @@ class Monkey(Actor):
 
     def restart_sim(self, *, keep_state: bool) -> bool:
         """Restart the simulator. Before losing its state, stop killing the server until the
-        Xid and ECC runs are done (30 s at most), so what the restart wipes are cordons, labels
+        Xid and ECC runs are done (20 s at most), so what the restart wipes are cordons, labels
         and taints nobody is about to apply again. False if the storm was stopped meanwhile."""
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 20
         while not keep_state and not self.quiet() and time.monotonic() < deadline:
             if not self.pause(0.5):
                 return False

@@ -51,7 +51,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 ORPHANED = "effect.orphaned"
 SEED = int(os.environ.get("REMEDIATOR_CHAOS_SEED", "20261130"))
-STORM_LIMIT_SECONDS = 90.0
+STORM_LIMIT_SECONDS = 95.0
 SETTLE_SECONDS = 40.0
 ACTIVE = {status.value for status in run_states.RUN_ACTIVE}
 ACTIONS_OF = {
