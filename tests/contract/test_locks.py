@@ -1,0 +1,78 @@
+"""Locks: one holder per key, expiring locks that lapse on their own, releases by run."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from tests.contract.plans import alert_run, run
+
+
+async def test_a_held_key_cannot_be_taken_again_until_released(backend):
+    _, run_id = await alert_run(backend)
+
+    def take(tx):
+        return tx.try_lock("node:gpu-node-03", run_id=run_id, expires_at=None)
+
+    assert await run(backend, take) is True
+    assert await run(backend, take) is False  # not even by the run that holds it
+    await run(backend, lambda tx: tx.release_locks(["node:gpu-node-03", "node:absent"]))
+    assert await run(backend, take) is True
+
+
+async def test_an_expiring_lock_lapses_at_its_expiry(backend):
+    until = backend.clock.now + dt.timedelta(minutes=10)
+
+    def take(tx):
+        return tx.try_lock("cooldown:reboot:gpu-node-03", run_id=None, expires_at=until)
+
+    def held(tx):
+        return tx.held_keys("cooldown:")
+
+    assert await run(backend, take) is True
+    backend.clock.advance(599)
+    assert await run(backend, take) is False
+    assert await run(backend, held) == {"cooldown:reboot:gpu-node-03"}
+    backend.clock.advance(1)
+    assert await run(backend, held) == set()
+    assert await run(backend, take) is True  # the lapsed holder loses it
+
+
+async def test_held_keys_are_the_live_locks_under_a_prefix(backend):
+    _, run_id = await alert_run(backend)
+    soon = backend.clock.now + dt.timedelta(seconds=5)
+
+    def take(tx):
+        tx.try_lock("slot:reboot:0", run_id=run_id, expires_at=None)
+        tx.try_lock("slot:reboot:1", run_id=None, expires_at=soon)
+        tx.try_lock("slot:drain:0", run_id=run_id, expires_at=None)
+
+    await run(backend, take)
+    assert await run(backend, lambda tx: tx.held_keys("slot:reboot:")) == {
+        "slot:reboot:0",
+        "slot:reboot:1",
+    }
+    backend.clock.advance(5)
+    assert await run(backend, lambda tx: tx.held_keys("slot:reboot:")) == {"slot:reboot:0"}
+    assert await run(backend, lambda tx: tx.held_keys("slot:")) == {
+        "slot:reboot:0",
+        "slot:drain:0",
+    }
+
+
+async def test_releasing_a_runs_locks_keeps_its_expiring_ones_and_other_runs_locks(backend):
+    _, mine = await alert_run(backend)
+    _, theirs = await alert_run(backend, playbook="drain")
+    later = backend.clock.now + dt.timedelta(hours=1)
+
+    def take(tx):
+        tx.try_lock("node:gpu-node-03", run_id=mine, expires_at=None)
+        tx.try_lock("slot:reboot:0", run_id=mine, expires_at=None)
+        tx.try_lock("cooldown:reboot:gpu-node-03", run_id=mine, expires_at=later)
+        tx.try_lock("slot:drain:0", run_id=theirs, expires_at=None)
+
+    await run(backend, take)
+    await run(backend, lambda tx: tx.release_run_locks(mine))
+    assert await run(backend, lambda tx: tx.held_keys("")) == {
+        "cooldown:reboot:gpu-node-03",
+        "slot:drain:0",
+    }
