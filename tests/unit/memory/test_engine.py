@@ -1,0 +1,266 @@
+"""The engine's run and step lifecycle, end to end on the in-memory store (milliseconds each)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+import pytest
+
+from remediator.domain import errors, runs
+from remediator.engine import lifecycle
+
+TWO_STEPS = """
+name: two-steps
+match: {alertname: GPUXidError79}
+steps:
+  - {id: first, action: test.record, params: {label: one}}
+  - {id: second, action: test.record, params: {label: two}}
+"""
+
+
+async def test_a_firing_alert_runs_every_step_in_order(make_engine):
+    h = make_engine(TWO_STEPS)
+    await h.fire()
+    await h.settle()
+    [run] = h.runs()
+    assert (run.status, run.node, run.kind) == (
+        runs.RunStatus.SUCCEEDED,
+        "gpu-node-03",
+        runs.RunKind.ALERT,
+    )
+    assert h.statuses(run.id) == ["succeeded", "succeeded"]
+    assert [step.effect for step in h.steps(run.id)] == [runs.Effect.APPLIED] * 2
+    assert h.applied() == ["one", "two"]
+    trail = [(e.kind, e.to_status) for e in h.store.events(run_id=run.id)]
+    assert trail[0] == ("run.created", "pending")
+    assert trail[-1] == ("run.transition", "succeeded")
+    assert trail.count(("step.transition", "running")) == 2
+    assert h.store.verify().ok
+    assert not (await h.store.probe()).any
+
+
+async def test_a_repeated_delivery_creates_no_second_run(make_engine):
+    h = make_engine(TWO_STEPS)
+    await h.fire()
+    await h.settle()
+    await h.fire()
+    await h.settle()
+    assert len(h.runs()) == 1
+    assert h.applied() == ["one", "two"]
+
+
+async def test_a_temporary_failure_retries_at_a_persisted_time(make_engine):
+    h = make_engine(
+        """
+        name: flaky
+        match: {alertname: GPUXidError79}
+        steps:
+          - id: s
+            action: test.record
+            params: {label: flaky, fail_attempts: 1}
+            retries: {max_attempts: 3, backoff: 30s}
+        """
+    )
+    await h.fire()
+    await h.settle()
+    [run] = h.runs()
+    [step] = h.steps(run.id)
+    assert (step.status, step.attempt, step.effect) == (
+        runs.StepStatus.PENDING,
+        1,
+        runs.Effect.UNKNOWN,
+    )
+    assert step.due_at == h.clock.now + dt.timedelta(seconds=30)
+    assert "attempt 1 fails" in step.error
+    h.clock.advance(29)
+    await h.settle()
+    assert h.applied() == []
+    h.clock.advance(2)
+    await h.settle()
+    assert h.applied() == ["flaky"]
+    [step] = h.steps(run.id)
+    assert (step.status, step.attempt) == (runs.StepStatus.SUCCEEDED, 2)
+    assert h.runs()[0].status is runs.RunStatus.SUCCEEDED
+
+
+async def test_a_permanent_failure_stops_the_run_and_skips_the_rest(make_engine):
+    h = make_engine(
+        """
+        name: breaks
+        match: {alertname: GPUXidError79}
+        steps:
+          - {id: a, action: test.record, params: {label: a, fail_permanently: true}}
+          - {id: b, action: test.record, params: {label: b}}
+        """
+    )
+    await h.fire()
+    await h.settle()
+    [run] = h.runs()
+    assert run.status is runs.RunStatus.FAILED
+    assert h.statuses(run.id) == ["failed", "skipped"]
+
+
+GATED_UNDO = """
+name: gated
+match: {alertname: GPUXidError79}
+on_resolve: undo
+steps:
+  - {id: hold, action: test.gate, params: {label: hold}, undo: true}
+  - {id: after, action: test.record, params: {label: after}, undo: true}
+"""
+
+
+async def test_a_resolve_while_a_step_runs_cancels_the_run_and_undoes_what_it_did(make_engine):
+    h = make_engine(GATED_UNDO)
+    await h.fire()
+    while not h.gate.entered.is_set():  # passes until the first step is inside its apply
+        await h.engine.tick()
+        await asyncio.sleep(0)
+    await h.resolve()
+    await h.engine.tick()  # the resolution: the running step goes on, the rest is cancelled
+    [run] = h.runs()
+    assert run.status is runs.RunStatus.RUNNING
+    assert h.statuses(run.id) == ["running", "cancelled"]
+    h.gate.gate.set()
+    await h.settle()
+    alert_run, undo_run = h.runs()
+    assert alert_run.status is runs.RunStatus.CANCELLED
+    assert h.statuses(alert_run.id) == ["undone", "cancelled"]
+    assert [s.effect for s in h.steps(alert_run.id)] == [runs.Effect.UNDONE, runs.Effect.NONE]
+    assert (undo_run.kind, undo_run.parent_run_id, undo_run.status) == (
+        runs.RunKind.UNDO,
+        alert_run.id,
+        runs.RunStatus.SUCCEEDED,
+    )
+    assert [s.key for s in h.steps(undo_run.id)] == ["undo-hold"]
+    assert (h.gate.applied, h.gate.undone) == (["hold"], ["hold"])
+    assert h.applied() == []  # the step after the resolution never ran
+
+
+async def test_a_lost_lease_and_a_resolve_end_the_run_and_undo_the_unknown_effect(make_engine):
+    h = make_engine(
+        """
+        name: undoes
+        match: {alertname: GPUXidError79}
+        on_resolve: undo
+        steps:
+          - {id: cordon, action: test.record, params: {label: cordon}, undo: true}
+          - {id: drain, action: test.record, params: {label: drain}, undo: true}
+        """
+    )
+    await h.fire()
+    await h.engine.handle_episodes()
+    await h.engine.start_runs()
+    await h.engine.advance_runs()
+    # A worker claims the first step and dies (maybe inside apply) without a word.
+    [claimed] = await h.store.run(
+        "claim",
+        lambda tx: [
+            lifecycle.claim_step(tx, step, owner="dead-worker", lease_until=tx.now)
+            for step in tx.lock_due_steps(1)
+        ],
+    )
+    await h.resolve()
+    h.clock.advance(1)
+    await h.settle()
+    alert_run, undo_run = h.runs()
+    assert alert_run.status is runs.RunStatus.CANCELLED
+    cordon, drain = h.steps(alert_run.id)
+    assert (cordon.status, cordon.effect) == (runs.StepStatus.CANCELLED, runs.Effect.UNDONE)
+    assert drain.status is runs.StepStatus.CANCELLED
+    assert "alert resolved" in cordon.error
+    [undo_step] = h.steps(undo_run.id)
+    assert (undo_step.key, undo_step.undo_of, undo_step.status) == (
+        "undo-cordon",
+        claimed.id,
+        runs.StepStatus.SUCCEEDED,
+    )
+    assert undo_run.status is runs.RunStatus.SUCCEEDED
+    assert h.applied() == []
+    assert h.applied("undo") == ["cordon"]
+    ended = [e for e in h.store.events(run_id=alert_run.id) if e.step_id == claimed.id]
+    assert ended[-2].data["effect"] == "unknown"  # cancelled, maybe applied: undo planned
+
+
+async def test_a_failed_undo_fails_the_undo_run_and_tells_on_call(make_engine):
+    h = make_engine(
+        """
+        name: stubborn
+        match: {alertname: GPUXidError79}
+        on_resolve: undo
+        steps:
+          - {id: taint, action: test.record, params: {label: taint, fail_undo: true}, undo: true}
+        """
+    )
+    await h.fire()
+    await h.settle()
+    await h.resolve()
+    await h.settle()
+    alert_run, undo_run = h.runs()
+    assert alert_run.status is runs.RunStatus.SUCCEEDED
+    assert (undo_run.kind, undo_run.status) == (runs.RunKind.UNDO, runs.RunStatus.FAILED)
+    [undo_step] = h.steps(undo_run.id)
+    assert undo_step.status is runs.StepStatus.FAILED
+    assert "undo fails for good" in undo_step.error
+    [notice] = [s for s in h.notifier.sent if s["data"]["event"] == "undo_failed"]
+    assert notice["data"]["run_id"] == undo_run.id
+    assert f"undo run {undo_run.id} ended failed: undo-taint failed" in notice["message"]
+    assert notice["key"] == f"undo-failed-{undo_run.id}"
+
+
+async def test_a_step_needing_approvals_parks_the_run_and_resumes_once_enough_approve(
+    make_engine,
+):
+    h = make_engine(
+        """
+        name: gated
+        match: {alertname: GPUXidError79}
+        steps:
+          - {id: safe, action: test.record, params: {label: safe}}
+          - {id: risky, action: test.record, params: {label: risky}, requires_approval: true,
+             approvals: 2}
+        """
+    )
+    await h.fire()
+    await h.settle()
+    [run] = h.runs()
+    assert run.status is runs.RunStatus.WAITING_APPROVAL
+    assert h.statuses(run.id) == ["succeeded", "waiting_approval"]
+    assert h.applied() == ["safe"]
+    assert [s["data"]["event"] for s in h.notifier.sent] == ["approval"]
+    risky = h.steps(run.id)[1]
+    waiting = await h.decide(risky.id, principal="alice")
+    assert waiting.status is runs.StepStatus.WAITING_APPROVAL
+    with pytest.raises(errors.Conflict, match="alice already decided"):
+        await h.decide(risky.id, principal="alice")
+    await h.settle()
+    assert h.applied() == ["safe"]
+    approved = await h.decide(risky.id, principal="bob")
+    assert approved.status is runs.StepStatus.PENDING
+    await h.settle()
+    assert h.applied() == ["safe", "risky"]
+    assert h.runs()[0].status is runs.RunStatus.SUCCEEDED
+    decided = [e for e in h.store.events(run_id=run.id) if e.data.get("decision") == "approved"]
+    assert [e.actor for e in decided] == ["alice", "bob"]
+
+
+async def test_a_rejection_ends_the_run_rejected(make_engine):
+    h = make_engine(
+        """
+        name: gated
+        match: {alertname: GPUXidError79}
+        steps:
+          - {id: risky, action: test.record, params: {label: risky}, requires_approval: true}
+          - {id: after, action: test.record, params: {label: after}}
+        """
+    )
+    await h.fire()
+    await h.settle()
+    [run] = h.runs()
+    rejected = await h.decide(h.steps(run.id)[0].id, principal="alice", approve=False)
+    assert rejected.status is runs.StepStatus.REJECTED
+    await h.settle()
+    assert h.runs()[0].status is runs.RunStatus.REJECTED
+    assert h.statuses(run.id) == ["rejected", "skipped"]
+    assert h.applied() == []
