@@ -103,6 +103,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.engine_quarantined = prom.Counter(
+            "remediator_engine_quarantined",
+            "Units of engine work taken out after failing repeatedly (an episode that cannot "
+            "become runs, a run that cannot start, advance or claim its step).",
+            ["unit"],
+            registry=r,
+        )
         self.steps_held = prom.Gauge(
             "remediator_steps_held",
             "Steps kept waiting now, by reason: a guard (budget, breaker, change window, node "
@@ -161,6 +168,9 @@ class Metrics:
                 last_error=type(error).__name__,
             )
         self.consecutive_pass_failures.set(self.failing.count)
+
+    def quarantined(self, unit: str) -> None:
+        self.engine_quarantined.labels(unit=unit).inc()
 
     def notice(self, kind: str) -> None:
         if kind in SUPPRESSIONS:

@@ -59,6 +59,16 @@ class Report:
     runs_created: int = 0
     finished: list[records.Run] = dataclasses.field(default_factory=list)
     notices: list[Notice] = dataclasses.field(default_factory=list)
+    quarantined: list[str] = dataclasses.field(default_factory=list)  # kinds of units
+
+    def mark(self) -> tuple[int, int, int]:
+        return self.runs_created, len(self.finished), len(self.notices)
+
+    def rewind(self, mark: tuple[int, int, int]) -> None:
+        """Forget what a unit whose writes were rolled back reported."""
+        self.runs_created = mark[0]
+        del self.finished[mark[1] :]
+        del self.notices[mark[2] :]
 
 
 def handle_episode(
@@ -394,6 +404,29 @@ def stop_after_failure(
             registry=registry,
             report=report,
         )
+
+
+def quarantine_episode(tx: store.Tx, episode: records.Episode, error: str) -> None:
+    """An episode that keeps failing to become runs is taken out of the queue."""
+    tx.mark_episode_handled(episode)
+
+
+def quarantine_run(
+    tx: store.Tx, run_id: int, error: str, *, registry: actions.Registry, report: Report
+) -> None:
+    """A run that keeps failing to start, advance or claim its step ends ``failed``."""
+    run = tx.get_run(run_id)
+    if run is None or run.status in runs.RUN_TERMINAL:
+        return
+    for step in tx.steps_of_run(run.id):
+        if step.status in (runs.StepStatus.PENDING, runs.StepStatus.WAITING_APPROVAL):
+            tx.apply(
+                transitions.end(
+                    step, runs.StepStatus.CANCELLED, now=tx.now, reason="run quarantined"
+                )
+            )
+    reason = f"quarantined after repeated engine failures: {error}"
+    finish_run(tx, run, runs.RunStatus.FAILED, reason=reason, registry=registry, report=report)
 
 
 # -- steps -----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import time
 import uuid
@@ -24,7 +25,7 @@ from typing import Protocol
 
 from remediator.domain import errors, playbooks, records
 from remediator.domain import guards as guards_mod
-from remediator.engine import executor, guarding, lifecycle, silencing
+from remediator.engine import executor, guarding, isolation, lifecycle, silencing
 from remediator.ports import store
 
 logger = logging.getLogger("remediator.engine")
@@ -137,13 +138,20 @@ class Engine:
             for episode in tx.lock_unhandled_episodes(self.settings.batch):
                 if handled and tx.should_yield():
                     break  # the rest stay unhandled for the next pass
-                lifecycle.handle_episode(
+                isolation.run_unit(
                     tx,
-                    episode,
-                    index=index,
-                    registry=registry,
-                    dry_run=dry_run,
-                    guard_base=self.settings.guards,
+                    f"episode:{episode.id}",
+                    functools.partial(
+                        lifecycle.handle_episode,
+                        tx,
+                        episode,
+                        index=index,
+                        registry=registry,
+                        dry_run=dry_run,
+                        guard_base=self.settings.guards,
+                        report=report,
+                    ),
+                    quarantine=functools.partial(lifecycle.quarantine_episode, tx, episode),
                     report=report,
                 )
                 handled += 1
@@ -165,7 +173,17 @@ class Engine:
                     return True  # come back for the rest
                 playbook = index.get(run.playbook)
                 concurrency = playbook.concurrency if playbook else 1
-                started |= lifecycle.start_run(tx, run, concurrency=concurrency, report=report)
+                started |= bool(
+                    isolation.run_unit(
+                        tx,
+                        f"start:{run.id}",
+                        functools.partial(
+                            lifecycle.start_run, tx, run, concurrency=concurrency, report=report
+                        ),
+                        quarantine=self._quarantine_run(tx, run.id, report),
+                        report=report,
+                    )
+                )
             return started
 
         started = await self.services.store.run("start", work)
@@ -181,7 +199,15 @@ class Engine:
             for n, run in enumerate(candidates):
                 if n and tx.should_yield():
                     break
-                lifecycle.advance_run(tx, run, registry=registry, report=report)
+                isolation.run_unit(
+                    tx,
+                    f"advance:{run.id}",
+                    functools.partial(
+                        lifecycle.advance_run, tx, run, registry=registry, report=report
+                    ),
+                    quarantine=self._quarantine_run(tx, run.id, report),
+                    report=report,
+                )
             return bool(candidates)
 
         busy = await self.services.store.run("advance", work)
@@ -208,10 +234,15 @@ class Engine:
             for n, step in enumerate(tx.lock_due_steps(room)):
                 if n and tx.should_yield():
                     break  # still due: the next pass claims it
-                if gate.admit(tx, step, report=report):
-                    claimed.append(
-                        lifecycle.claim_step(tx, step, owner=self.owner, lease_until=until)
-                    )
+                moved = isolation.run_unit(
+                    tx,
+                    f"claim:{step.run_id}",
+                    functools.partial(self._admit_and_claim, tx, gate, step, until, report),
+                    quarantine=self._quarantine_run(tx, step.run_id, report),
+                    report=report,
+                )
+                if moved is not None:
+                    claimed.append(moved)
             return claimed, tx.now, gate.tripped
 
         claimed, now, tripped = await self.services.store.run("claim", work)
@@ -225,6 +256,25 @@ class Engine:
             task = asyncio.create_task(self._run_step(step), name=f"step-{step.id}")
             self._in_flight[step.id] = task
         return bool(claimed)
+
+    def _admit_and_claim(
+        self,
+        tx: store.Tx,
+        gate: guarding.Gate,
+        step: records.Step,
+        until: dt.datetime,
+        report: lifecycle.Report,
+    ) -> records.Step | None:
+        if not gate.admit(tx, step, report=report):
+            return None
+        return lifecycle.claim_step(tx, step, owner=self.owner, lease_until=until)
+
+    def _quarantine_run(
+        self, tx: store.Tx, run_id: int, report: lifecycle.Report
+    ) -> Callable[[str], None]:
+        return functools.partial(
+            lifecycle.quarantine_run, tx, run_id, registry=self.services.registry, report=report
+        )
 
     async def _silence(self, claimed: list[records.Step]) -> None:
         silencer = self.services.silencer
@@ -273,6 +323,8 @@ class Engine:
             observer.runs_created(report.runs_created)
         for run in report.finished:
             observer.run_finished(run.playbook, run.status.value)
+        for unit in report.quarantined:
+            observer.quarantined(unit)
         for notice in report.notices:
             observer.notice(notice.kind)
             await self._tell(notice)

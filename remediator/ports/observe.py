@@ -17,6 +17,10 @@ class Observer(Protocol):
         """Something on-call was told: a held or parked step, a suppressed or waiting run."""
         ...
 
+    def quarantined(self, unit: str) -> None:
+        """A unit of engine work (episode, start, advance, claim) failed too often."""
+        ...
+
 
 class NullObserver:
     def run_finished(self, playbook: str, state: str) -> None:
@@ -35,4 +39,7 @@ class NullObserver:
         return None
 
     def notice(self, kind: str) -> None:
+        return None
+
+    def quarantined(self, unit: str) -> None:
         return None

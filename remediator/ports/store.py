@@ -10,6 +10,7 @@ first); ``errors.StoreUnavailable`` means the database could not be reached.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar, overload
@@ -21,6 +22,11 @@ T = TypeVar("T")
 
 class Tx(Protocol):
     now: dt.datetime
+
+    def savepoint(self) -> contextlib.AbstractContextManager[None]:
+        """A nested unit of work: when the block raises, its writes (and audit events) are
+        rolled back and the exception goes on; the enclosing transaction stays usable."""
+        ...
 
     def should_yield(self) -> bool:
         """Whether a more urgent writer waits for this transaction (SQLite's single writer):

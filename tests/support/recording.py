@@ -32,6 +32,13 @@ class RecordParams(pydantic.BaseModel):
     fail_after_apply: int = 0  # attempts that apply, then lose the answer (temporary failure)
     fail_undo: bool = False
 
+    @pydantic.field_validator("label")
+    @classmethod
+    def _explode(cls, label: str) -> str:
+        if label == "explode":  # a bug in an action's params model, as the engine meets it
+            raise RuntimeError("params model bug")
+        return label
+
 
 def _path() -> pathlib.Path:
     return pathlib.Path(os.environ.get(ENV, "records.jsonl"))

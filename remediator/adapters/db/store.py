@@ -6,8 +6,9 @@ its audit event commit together or not at all.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, overload
 
 import sqlalchemy as sa
@@ -337,6 +338,18 @@ class SqlTx:
         self._chain_head = (event_id, digest)
         self._head_moved = True
         return event_id
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        head, moved = self._chain_head, self._head_moved
+        nested = self.conn.begin_nested()
+        try:
+            yield
+        except BaseException:
+            nested.rollback()
+            self._chain_head, self._head_moved = head, moved  # its events are gone too
+            raise
+        nested.commit()
 
     def should_yield(self) -> bool:
         return self.db.writers_waiting()

@@ -1,0 +1,73 @@
+"""One unit of engine work fails alone: poison input never stops the engine.
+
+An engine pass handles many units in one transaction (episodes into runs, run starts, advances,
+step claims). Each unit runs inside a savepoint: when it raises, only its own writes are rolled
+back, its failure is counted (a row that survives the rollback) and the pass goes on with the
+next unit. A unit that failed ``limit`` times is quarantined: a decision of its own that takes
+it out of the engine's queries (the episode marked handled, the run ended ``failed``) with an
+``engine.quarantined`` audit event, so one bad row can never make every pass fail again.
+
+A lost compare-and-set (``errors.Conflict``) is not a failure: another replica moved the row
+first, and the unit is simply skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+from remediator.domain import errors
+from remediator.engine import lifecycle
+from remediator.ports import store
+
+logger = logging.getLogger("remediator.engine")
+
+T = TypeVar("T")
+
+FAILURES = "engine-failures:"
+LIMIT = 3
+
+
+def run_unit(
+    tx: store.Tx,
+    key: str,
+    work: Callable[[], T],
+    *,
+    quarantine: Callable[[str], None],
+    report: lifecycle.Report,
+    limit: int = LIMIT,
+) -> T | None:
+    """``work()`` in a savepoint; ``None`` when it failed (and was counted or quarantined)."""
+    mark = report.mark()
+    try:
+        with tx.savepoint():
+            return work()
+    except errors.Conflict as e:
+        report.rewind(mark)
+        logger.info("%s skipped: %s", key, e)
+        return None
+    except Exception as e:
+        report.rewind(mark)
+        error = f"{type(e).__name__}: {e}"[:500]
+        logger.exception("engine unit %s failed", key)
+    state = tx.get_guard_state(FAILURES + key)
+    failures = int(state.get("failures", 0)) + 1
+    if failures < limit:
+        tx.set_guard_state(FAILURES + key, {"failures": failures, "error": error})
+        return None
+    tx.delete_guard_state(FAILURES + key)
+    try:
+        with tx.savepoint():
+            quarantine(error)
+            tx.add_event(
+                "engine.quarantined",
+                actor=lifecycle.ENGINE,
+                reason=f"{key} failed {failures} times: {error}",
+                data={"unit": key, "failures": failures, "error": error},
+            )
+    except Exception:
+        logger.exception("could not quarantine %s", key)
+        return None
+    report.quarantined.append(key.split(":", 1)[0])
+    return None
