@@ -196,15 +196,26 @@ class Components:
         approve: bool,
         comment: str,
     ) -> dict[str, Any]:
+        report = lifecycle.Report()
+
         def work(tx: store.SqlTx) -> records.Step:
             step = tx.get_step(step_id)
             if step is None or step.run_id != run_id:
                 raise errors.NotFound(f"step {step_id} of run {run_id} not found")
+            report.finished.clear()
+            report.notices.clear()
             return lifecycle.decide_approval(
-                tx, step_id, principal=principal.name, approve=approve, comment=comment
+                tx,
+                step_id,
+                principal=principal.name,
+                approve=approve,
+                comment=comment,
+                registry=self.registry,
+                report=report,
             )
 
         moved = await self.store.run("approval", work)
+        await self.engine.publish(report)
         self.engine.wake()
         return {
             "runId": run_id,
@@ -264,10 +275,21 @@ class Components:
         older_than = self.clock() - dt.timedelta(seconds=timeout)
         outcome = approvals.ExpiryOutcome(self.settings.approval_expiry_outcome)
 
+        report = lifecycle.Report()
+
         def work(tx: store.SqlTx) -> int:
-            return lifecycle.expire_approvals(tx, older_than=older_than, outcome=outcome)
+            report.finished.clear()
+            report.notices.clear()
+            return lifecycle.expire_approvals(
+                tx,
+                older_than=older_than,
+                outcome=outcome,
+                registry=self.registry,
+                report=report,
+            )
 
         expired = await self.store.run("approvals.expire", work)
+        await self.engine.publish(report)
         if expired:
             self.engine.wake()
         return expired

@@ -171,8 +171,9 @@ SCENARIO: tuple[Act, ...] = (
     ),
     Act(
         title="Uncorrectable ECC error",
-        story="GPU 5 of gpu-node-02 returns memory it cannot correct. The node is cordoned, "
-        "labelled and tainted at once; the drain waits for an operator.",
+        story="GPU 5 of gpu-node-02 returns memory it cannot correct. On-call is told first "
+        "(what happened, what comes next, what needs approval); then the node is cordoned, "
+        "labelled and tainted, and the drain waits for an operator.",
         hardware=(
             Hardware(ECC_NODE, 5, {"ecc_uncorrected_volatile": 2, "ecc_uncorrected_aggregate": 2}),
         ),

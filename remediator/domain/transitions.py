@@ -160,6 +160,7 @@ def finish(
 
 
 def make_due(step: records.Step, *, now: dt.datetime) -> StepChange:
+    """A pending step becomes due at once (the run advanced past the steps before it)."""
     return _change(step, runs.StepStatus.PENDING, values={"due_at": now}, reason="", event=None)
 
 
@@ -178,12 +179,14 @@ def hold(step: records.Step, *, until: dt.datetime, reason: str, kind: str = "")
 
 
 def park(step: records.Step) -> StepChange:
+    """A step that needs approval waits for it instead of running."""
     return _change(step, runs.StepStatus.WAITING_APPROVAL, values={}, reason="needs approval")
 
 
 def approve(
     step: records.Step, *, now: dt.datetime, actor: str, reason: str, data: Mapping[str, Any]
 ) -> StepChange:
+    """Enough approvals: the waiting step is due now."""
     return _change(
         step,
         runs.StepStatus.PENDING,
@@ -241,6 +244,7 @@ def move_run(
     actor: str = ENGINE,
     data: Mapping[str, Any] | None = None,
 ) -> RunChange:
+    """Move a run to ``to``, if the run state machine allows it from where it is."""
     if to not in runs.RUN_TRANSITIONS[run.status]:
         raise errors.Conflict(f"run {run.id} is {run.status.value}; cannot move it to {to.value}")
     return RunChange(run=run, to=to, reason=reason, data=data or {}, actor=actor)

@@ -551,6 +551,8 @@ def decide_approval(
     principal: str,
     approve: bool,
     comment: str,
+    registry: actions.Registry | None = None,
+    report: Report | None = None,
 ) -> records.Step:
     """Record ``principal``'s decision on a waiting step (see ``engine.approvals``).
 
@@ -570,7 +572,16 @@ def decide_approval(
     if not tx.add_approval(step_id, principal=principal, decision=decision, comment=comment):
         raise errors.Conflict(f"{principal} already decided on step {step_id}")
     if not approve:
-        return _reject(tx, step, run, actor=principal, reason=comment, data={"decision": decision})
+        return _reject(
+            tx,
+            step,
+            run,
+            actor=principal,
+            reason=comment,
+            data={"decision": decision},
+            registry=registry,
+            report=report,
+        )
     approved = approvals.approvers(tx.approvals_of(step_id))
     data = {
         "decision": decision.value,
@@ -604,7 +615,10 @@ def _reject(
     reason: str,
     data: dict[str, object],
     to: runs.StepStatus = runs.StepStatus.REJECTED,
+    registry: actions.Registry | None = None,
+    report: Report | None = None,
 ) -> records.Step:
+    """End a step waiting for approval (rejected or expired) and with it its run."""
     moved = tx.apply(
         transitions.end(step, to, now=tx.now, reason=reason, data=dict(data), actor=actor)
     )
@@ -620,7 +634,7 @@ def _reject(
                 )
             )
     final = runs.RunStatus.REJECTED if to is runs.StepStatus.REJECTED else runs.RunStatus.CANCELLED
-    finish_run(tx, run, final, reason=reason)
+    finish_run(tx, run, final, reason=reason, registry=registry, report=report)
     return moved
 
 
@@ -630,6 +644,8 @@ def expire_approvals(
     older_than: dt.datetime,
     outcome: approvals.ExpiryOutcome,
     limit: int = 100,
+    registry: actions.Registry | None = None,
+    report: Report | None = None,
 ) -> int:
     """Expire steps that have waited for approval since ``older_than``; returns how many."""
     expired = 0
@@ -650,6 +666,8 @@ def expire_approvals(
             reason=f"approval expired after {int(waited.total_seconds())} s",
             data={"decision": "expired", "outcome": outcome.value},
             to=to,
+            registry=registry,
+            report=report,
         )
         expired += 1
     return expired

@@ -72,6 +72,13 @@ def test_demo_shows_each_alert_its_playbook_and_outcome(
     # power caps applied, then restored
     assert out.count("700 W → 490 W") == 2
     assert out.count("back to 700 W") == 2
+    # on-call is told before the node is touched
+    for node in ("gpu-node-02", "gpu-node-03"):
+        told = re.search(rf"notify-start \[notify\] .*{node}", out)
+        cordon = re.search(rf"cordon \[node\.cordon\] {node} unschedulable", out)
+        assert told
+        assert cordon
+        assert told.start() < cordon.start()
     # the repeated Xid delivery is recognised as the same episode
     assert "0 changed, 1 deduplicated" in out
     # drains with progress, bug reports (safe mode for the lost GPU)

@@ -3,11 +3,13 @@ scrape time (approvals waiting, breaker, node budget), on SQLite and Postgres.""
 
 from __future__ import annotations
 
+import json
+
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
 from remediator.adapters.db import tables
-from tests.conftest import am_fixture
+from tests.conftest import am_fixture, am_payload
 
 PLAYBOOK = """
 name: needs-approval
@@ -73,3 +75,27 @@ async def test_rejected_deliveries_are_counted_by_reason(make_harness):
         k: v for k, v in samples.items() if k.startswith("remediator_deliveries_rejected_total")
     }
     assert sum(rejected.values()) == 1
+
+
+async def test_a_rejected_or_expired_run_counts_as_finished(make_harness, clock):
+    harness = await make_harness(PLAYBOOK, approval_timeout=600)
+    for fingerprint in ("a1", "b2"):
+        payload = am_payload("GPUXidError79-firing-1alerts")
+        payload["alerts"][0]["fingerprint"] = fingerprint
+        payload["alerts"][0]["labels"]["node"] = f"gpu-node-{fingerprint}"
+        assert (await harness.post(json.dumps(payload).encode())).status == 200
+    await harness.settle()
+    first, second = sorted(r["id"] for r in await harness.runs())
+    step_id = (await harness.run_detail(first))["steps"][0]["id"]
+    rejected = await harness.client.post(
+        f"/api/v1/runs/{first}/steps/{step_id}/reject", json={"comment": "not now"}
+    )
+    assert rejected.status == 200
+    samples = await _scrape(harness)
+    assert samples["remediator_runs_total{playbook=needs-approval,state=rejected}"] == 1
+
+    clock.advance(601)
+    assert await harness.components.expire_approvals() == 1
+    assert (await harness.run_detail(second))["status"] == "rejected"
+    samples = await _scrape(harness)
+    assert samples["remediator_runs_total{playbook=needs-approval,state=rejected}"] == 2

@@ -96,7 +96,8 @@ async def test_a_storm_stays_within_the_budget_trips_the_breaker_and_resumes_aft
     assert len(runs) == 50
     waiting = {"held by a guard": 0, "waiting for a concurrency slot": 0}
     for run in runs:
-        cordon = (await h.run_detail(run["id"]))["steps"][0]
+        steps = (await h.run_detail(run["id"]))["steps"]
+        cordon = next(s for s in steps if s["key"] == "cordon")
         if cordon["status"] != "pending":
             continue
         if run["status"] == "pending":

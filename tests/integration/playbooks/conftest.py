@@ -52,8 +52,8 @@ def gpu_harness(
             "rules": RULES,
             "kubernetes": kubernetes,
             "artifact_dir": tmp_path / "artifacts",
-            # The default budget (10 % of GPU nodes) is 0 nodes in the 4-GPU-node simulated
-            # fleet; these tests disrupt one node at a time.
+            # The default budget (10 % of GPU nodes, rounded up) is 1 node of the 4-GPU-node
+            # simulated fleet; these tests take nodes out without waiting for returns.
             "guards": {"max_percent": 50.0},
         } | overrides
         harness: Harness = await make_harness(notifier=notifier, **values)

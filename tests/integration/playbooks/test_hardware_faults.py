@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import pathlib
+from typing import Any
 
 import aiohttp
 import pytest
@@ -71,7 +72,21 @@ async def test_xid79_takes_the_node_out_drains_after_approval_and_keeps_it_out(
     assert detail["status"] == "waiting_approval", statuses(detail)
     assert_out_of_service(sim, node)
     assert "research/jupyter-alice" in pod_uids(sim, node)  # nothing evicted yet
-    assert "Approve the drain" in notifier.messages()[0]
+    started, waiting, held = notifier.sent
+    assert held["data"]["event"] == "approval"  # the engine's own notice, once
+    assert "step drain (node.drain) needs approval" in held["message"]
+    assert started["data"]["stage"] == "started"
+    assert started["data"]["needs_approval"] == "drain"
+    assert started["data"]["workload"] == "research/jupyter-alice"
+    for words in (
+        "GPU 3 on gpu-node-03 has fallen off the bus (Xid 79)",
+        sim.gpu(node, 3).uuid,
+        "cordon, label gpu-status=faulty, taint",
+        "always needs your approval",
+        "dmesg | grep -i xid",
+    ):
+        assert words in started["message"]
+    assert "Approve the drain" in waiting["message"]
 
     assert await approve(h, detail, "drain", "GPU is gone; evacuate") == 200
     detail = await h.run_detail(detail["id"])
@@ -112,7 +127,7 @@ async def test_xid79_takes_the_node_out_drains_after_approval_and_keeps_it_out(
 
 
 async def test_a_bug_report_that_fails_does_not_stop_the_run(
-    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, notifier: FakeNotifier
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, notifier: FakeNotifier, clock: Any
 ) -> None:
     node = "gpu-node-03"
     h = await gpu_harness()
@@ -123,7 +138,15 @@ async def test_a_bug_report_that_fails_does_not_stop_the_run(
     await set_faults(sim, {"rules": [{"path_prefix": exec_path, "drop_websocket_rate": 1.0}]})
     assert await approve(h, detail, "drain") == 200
     detail = await h.run_detail(detail["id"])
+    # A dropped stream is temporary: retried with backoff until the step's retry budget
+    # (5 minutes by default) is spent, then the step fails and the run goes on.
+    assert statuses(detail)["bug-report"] == "pending", step(detail, "bug-report")
+    for _ in range(12):
+        clock.advance(30)
+        await h.settle()
+    detail = await h.run_detail(detail["id"])
     assert statuses(detail)["bug-report"] == "failed", step(detail, "bug-report")
+    assert step(detail, "bug-report")["attempt"] > 3
     assert "nvidia-bug-report.sh" in step(detail, "bug-report")["error"]
     assert statuses(detail)["notify"] == "succeeded"
     assert "needs a reboot" in notifier.messages()[-1]
