@@ -194,7 +194,8 @@ class Playbook(_Strict):
     cooldown: durations.Duration = pydantic.Field(
         default=dt.timedelta(0),
         description="After a run starts on a node, further alerts for that node within this "
-        "time start no new run of this playbook.",
+        "time start no new run of this playbook. With `on_resolve: undo` the cooldown ends when "
+        "the run's alert resolves: its fix is undone, so a new episode is handled again.",
     )
     cooldown_per: Literal["node", "gpu"] = pydantic.Field(
         default="node",

@@ -5,7 +5,8 @@ applied here, inside one store transaction each. This module is the only caller 
 - ``handle_episode``: a firing episode creates one run per matching playbook (the unique key
   ``(episode, playbook, kind)`` makes this idempotent across repeats and replicas); a resolved
   episode applies each run's ``on_resolve`` (cancel what has not started; ``undo`` plans the
-  undo run once the run has ended).
+  undo run once the run has ended, and ends the playbook's cooldown for the run's target, so
+  a new episode after the fix was undone is handled again).
 - ``start_run``: a pending run takes its locks (the node, a playbook concurrency slot) and
   starts; without them it stays pending and is tried again later.
 - ``advance_run``: a running run with no active step either makes its next step due, parks it
@@ -105,6 +106,7 @@ def handle_episode(
         for run in tx.runs_of_episode(episode.id):
             if run.kind is runs.RunKind.ALERT:
                 created += resolve_run(tx, run, registry=registry, report=report)
+                _end_cooldown(tx, run, index.get(run.playbook))
     tx.mark_episode_handled(episode)
     report.runs_created += created
     return created
@@ -123,17 +125,18 @@ def _create_alert_run(
     new = planning.plan_alert_run(playbook, episode, registry, dry_run=dry_run)
     new = _escalate_repeat_offender(tx, new, playbook.guards.apply(guard_base), registry)
     if new.status is runs.RunStatus.PENDING and playbook.cooldown and new.node:
-        key = f"cooldown:{playbook.name}:{new.node}"
-        if playbook.cooldown_per == "gpu":
-            key = f"{key}:{new.gpu or '-'}"
+        key = _cooldown_key(playbook, new.node, new.gpu)
         if not tx.try_lock(key, run_id=None, expires_at=tx.now + playbook.cooldown):
-            reason = f"playbook {playbook.name} is cooling down on node {new.node}"
+            where = f"node {new.node}"
+            if playbook.cooldown_per == "gpu":
+                where += f", GPU {new.gpu or '(none)'}"
+            reason = f"playbook {playbook.name} is cooling down on {where}"
             tx.add_event(
                 "run.suppressed",
                 actor=ENGINE,
                 episode_id=episode.id,
                 reason=reason,
-                data={"playbook": playbook.name, "node": new.node},
+                data={"playbook": playbook.name, "node": new.node, "gpu": new.gpu},
             )
             report.notices.append(
                 Notice(
@@ -147,6 +150,36 @@ def _create_alert_run(
             )
             return 0
     return 1 if tx.insert_run(new, actor=ENGINE) is not None else 0
+
+
+def _cooldown_key(playbook: playbooks.Playbook, node: str, gpu: str | None) -> str:
+    key = f"cooldown:{playbook.name}:{node}"
+    return f"{key}:{gpu or '-'}" if playbook.cooldown_per == "gpu" else key
+
+
+def _end_cooldown(tx: store.Tx, run: records.Run, playbook: playbooks.Playbook | None) -> None:
+    """The alert behind ``run`` resolved: end the cooldown it started if the resolution undoes
+    its fix (``on_resolve: undo``). A cooldown keeps a condition that is still being handled
+    from starting the same run again; once the fix is undone nothing handles it, and a new
+    episode (a GPU that overheats again after its cap was restored) must get a new run.
+    While the alert fires the cooldown stands: a re-fire whose resolution never reached us
+    still starts nothing."""
+    if playbook is None or not playbook.cooldown or run.node is None:
+        return
+    if run.on_resolve is not playbooks.ResolvePolicy.UNDO:
+        return
+    key = _cooldown_key(playbook, run.node, run.gpu)
+    if key not in tx.held_keys(key):
+        return
+    tx.release_locks([key])
+    tx.add_event(
+        "run.cooldown_ended",
+        actor=ENGINE,
+        run_id=run.id,
+        episode_id=run.episode_id,
+        reason="alert resolved and its fix is undone; a new episode starts a new run",
+        data={"key": key},
+    )
 
 
 def _escalate_repeat_offender(
@@ -238,10 +271,23 @@ def _cancel_for_resolution(
 
 
 def create_undo_run(tx: store.Tx, run: records.Run, steps: list[records.Step]) -> int:
+    """Plan the undo of ``run``'s ``steps`` (one undo run per alert episode); 1 if planned."""
     new = planning.plan_undo_run(run, steps)
     if new is None:
         return 0
     return 1 if tx.insert_run(new, actor=ENGINE) is not None else 0
+
+
+def undo_again(tx: store.Tx, run: records.Run, steps: list[records.Step]) -> int | None:
+    """One more undo run for ``steps`` whose first undo ended without reversing them (the
+    reconciler found them still in place); the new run's id."""
+    new = planning.plan_undo_run(run, steps)
+    if new is None:
+        return None
+    again = dataclasses.replace(
+        new, episode_id=None, reason=f"effects still in place: undo run {run.id} again"
+    )
+    return tx.insert_run(again, actor="reconciler")
 
 
 def start_run(

@@ -68,7 +68,7 @@ async def test_temperature_high_caps_each_hot_gpu_and_restores_each_when_it_cool
 
 
 async def test_a_refire_of_temperature_high_does_not_stack_caps(
-    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, clock: Any
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, notifier: FakeNotifier, clock: Any
 ) -> None:
     h = await gpu_harness()
     first = fixture("GPUTemperatureHigh-firing-2alerts")
@@ -87,12 +87,14 @@ async def test_a_refire_of_temperature_high_does_not_stack_caps(
     assert sim.gpu(NODE, 0).power_limit == CAPPED  # 70 % of the default, not of 490 W
     newest = await h.run_detail(max(r["id"] for r in runs))
     assert step(newest, "power-cap")["output"]["already_in_place"] is True
+    # Each suppressed re-fire was told to on-call once, with the reason.
+    suppressed = [s for s in notifier.sent if s["data"].get("event") == "suppressed"]
+    assert sorted(s["data"]["reason"] for s in suppressed) == sorted(
+        f"playbook gpu-temperature-high is cooling down on node {NODE}, GPU {sim.gpu(NODE, i).uuid}"
+        for i in (0, 1)
+    )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gpu-temperature-high's cooldown suppresses the run of a new overheat of the same GPU",
-)
 async def test_a_gpu_that_overheats_again_within_the_cooldown_is_capped_again_and_told(
     gpu_harness: MakeGpuHarness, sim: testing.RunningSim, notifier: FakeNotifier, clock: Any
 ) -> None:

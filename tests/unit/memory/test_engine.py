@@ -7,8 +7,9 @@ import datetime as dt
 
 import pytest
 
-from remediator.domain import errors, runs
+from remediator.domain import alerts, errors, runs
 from remediator.engine import lifecycle
+from tests.support.alerts import alert_body
 
 TWO_STEPS = """
 name: two-steps
@@ -264,3 +265,64 @@ async def test_a_rejection_ends_the_run_rejected(make_engine):
     assert h.runs()[0].status is runs.RunStatus.REJECTED
     assert h.statuses(run.id) == ["rejected", "skipped"]
     assert h.applied() == []
+
+
+def _cooling(on_resolve: str) -> str:
+    return f"""
+        name: cooling
+        match: {{alertname: GPUTemperatureHigh}}
+        cooldown: 15m
+        cooldown_per: gpu
+        exclusive: false
+        on_resolve: {on_resolve}
+        steps:
+          - {{id: cap, action: test.record, params: {{label: cap}}, undo: true}}
+        """
+
+
+async def _episode(h, *, starts: str, status: str = "firing") -> None:
+    body = alert_body(
+        alertname="GPUTemperatureHigh", status=status, starts=starts, gpu="GPU-1", fingerprint="f1"
+    )
+    await h.store.receive(alerts.parse_payload(body))
+    await h.settle()
+
+
+async def test_a_resolution_that_undoes_the_fix_ends_the_cooldown(make_engine):
+    h = make_engine(_cooling("undo"))
+    await _episode(h, starts="2026-11-30T00:00:00Z")
+    await _episode(h, starts="2026-11-30T00:00:00Z", status="resolved")
+    assert (h.applied(), h.applied("undo")) == (["cap"], ["cap"])
+    h.clock.advance(300)
+    await _episode(h, starts="2026-11-30T00:05:00Z")  # hot again within the 15 minutes
+    assert (h.applied(), h.applied("undo")) == (["cap", "cap"], ["cap"])
+    assert [e.kind for e in h.store.events()].count("run.cooldown_ended") == 1
+    assert not [s for s in h.notifier.sent if s["data"].get("event") == "suppressed"]
+
+
+async def test_a_refire_while_the_fix_is_in_place_is_still_suppressed_and_told_once(make_engine):
+    h = make_engine(_cooling("undo"))
+    await _episode(h, starts="2026-11-30T00:00:00Z")
+    h.clock.advance(300)
+    await _episode(h, starts="2026-11-30T00:05:00Z")  # the resolution never reached us
+    await _episode(h, starts="2026-11-30T00:05:00Z")  # the same episode delivered again
+    assert len(h.runs()) == 1
+    assert h.applied() == ["cap"]
+    [notice] = [s for s in h.notifier.sent if s["data"].get("event") == "suppressed"]
+    assert "cooling is cooling down on node gpu-node-03, GPU GPU-1" in notice["message"]
+    assert "the cooldown of 0:15:00 ends" in notice["message"]
+
+
+async def test_a_cooldown_outlives_a_resolution_that_keeps_the_fix(make_engine):
+    h = make_engine(_cooling("cancel"))
+    await _episode(h, starts="2026-11-30T00:00:00Z")
+    await _episode(h, starts="2026-11-30T00:00:00Z", status="resolved")
+    h.clock.advance(300)
+    await _episode(h, starts="2026-11-30T00:05:00Z")
+    assert (len(h.runs()), h.applied(), h.applied("undo")) == (1, ["cap"], [])
+    assert "run.cooldown_ended" not in [e.kind for e in h.store.events()]
+    [notice] = [s for s in h.notifier.sent if s["data"].get("event") == "suppressed"]
+    assert (
+        notice["data"]["reason"]
+        == "playbook cooling is cooling down on node gpu-node-03, GPU GPU-1"
+    )
