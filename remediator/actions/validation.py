@@ -3,6 +3,10 @@
 Values reach actions from alert labels through templates, so they are hostile until proven
 otherwise: anything that is not a DNS-1123 name or a Kubernetes label is rejected, never
 escaped. The same checks are used at run time for values taken from the run (``ctx.node``).
+
+Every check is a ``fullmatch``: with ``re.match``, ``$`` also matches before a final newline,
+so ``"gpu-node-01\n"`` would pass as a node name and reach the API server. ``EventReason`` is a
+pydantic ``pattern``, checked by pydantic-core's Rust engine, where ``$`` is the end of the text.
 """
 
 from __future__ import annotations
@@ -26,22 +30,22 @@ REASON = re.compile(r"^[A-Z][A-Za-z0-9]{0,127}$")
 
 
 def dns_subdomain(value: str) -> str:
-    if len(value) > 253 or not DNS_SUBDOMAIN.match(value):
+    if len(value) > 253 or not DNS_SUBDOMAIN.fullmatch(value):
         raise ValueError(f"{value[:80]!r} is not a valid DNS-1123 subdomain name")
     return value
 
 
 def dns_label(value: str) -> str:
-    if len(value) > 63 or not DNS_LABEL.match(value):
+    if len(value) > 63 or not DNS_LABEL.fullmatch(value):
         raise ValueError(f"{value[:80]!r} is not a valid DNS-1123 label")
     return value
 
 
 def label_key(value: str) -> str:
     prefix, slash, name = value.rpartition("/")
-    if slash and (not prefix or len(prefix) > 253 or not DNS_SUBDOMAIN.match(prefix)):
+    if slash and (not prefix or len(prefix) > 253 or not DNS_SUBDOMAIN.fullmatch(prefix)):
         raise ValueError(f"{value[:80]!r}: the prefix must be a DNS-1123 subdomain")
-    if not name or len(name) > 63 or not _NAME_PART.match(name):
+    if not name or len(name) > 63 or not _NAME_PART.fullmatch(name):
         raise ValueError(
             f"{value[:80]!r} is not a valid label key (name part: up to 63 alphanumerics, "
             "'-', '_' or '.', starting and ending alphanumeric)"
@@ -50,19 +54,19 @@ def label_key(value: str) -> str:
 
 
 def label_value(value: str) -> str:
-    if len(value) > 63 or not LABEL_VALUE.match(value):
+    if len(value) > 63 or not LABEL_VALUE.fullmatch(value):
         raise ValueError(f"{value[:80]!r} is not a valid label value")
     return value
 
 
 def gpu_id(value: str) -> str:
-    if not GPU_ID.match(value):
+    if not GPU_ID.fullmatch(value):
         raise ValueError(f"{value[:80]!r} is not a GPU index, UUID or PCI bus id")
     return value
 
 
 def label_selector(value: str) -> str:
-    if not SELECTOR.match(value):
+    if not SELECTOR.fullmatch(value):
         raise ValueError(f"{value[:80]!r} is not a valid label selector")
     return value
 

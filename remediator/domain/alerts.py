@@ -49,7 +49,7 @@ def parse_timestamp(value: object) -> dt.datetime:
     if isinstance(value, dt.datetime):
         stamp = value
     elif isinstance(value, str):
-        found = _RFC3339.match(value)
+        found = _RFC3339.fullmatch(value)
         if not found:
             raise ValueError("not an RFC 3339 timestamp")
         frac = (found["frac"] or "")[:6].ljust(6, "0")

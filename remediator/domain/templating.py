@@ -41,11 +41,11 @@ def _parse_alternatives(expr: str) -> list[tuple[str, str] | str]:
     parts = [part.strip() for part in re.split(r"\s+or\s+", expr.strip())]
     alternatives: list[tuple[str, str] | str] = []
     for part in parts:
-        literal = _LITERAL.match(part)
+        literal = _LITERAL.fullmatch(part)
         if literal:
             alternatives.append(literal["text"])
             continue
-        ref = _REF.match(part)
+        ref = _REF.fullmatch(part)
         if not ref:
             raise TemplateError(f"cannot parse {part!r}: expected namespace.key or a quoted string")
         namespace, key = ref["ns"], ref["key"]

@@ -8,11 +8,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import re
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from remediator.adapters.http import runbooks
 from remediator.domain import alerts
+from remediator.sim import testing
+from tests.integration.operators.conftest import TOKENS, write_tokens
 from tests.support.alerts import alert_body
 
 RECORD = """
@@ -130,6 +134,137 @@ async def test_a_value_the_database_refuses_gets_400_not_503_and_fails_alone(
     assert [response.status for response in accepted] == [200] * 5
     await h.settle()
     assert len(await h.runs()) == 5
+
+
+BY_HAND = """
+name: by-hand
+manual: true
+target: {require_node: false}
+parameters:
+  node: {type: string}
+steps:
+  - {id: rec, action: test.record, params: {label: by-hand}}
+"""
+
+
+async def test_a_run_the_database_refuses_gets_400_not_503(make_harness, monkeypatch):
+    """Should the API ever pass a node longer than ``runs.node`` holds, Postgres's refusal is
+    still final: a 400 naming the problem, not a 503 that invites the caller to retry."""
+    h = await make_harness(BY_HAND)
+    if not h.components.db.is_postgres:
+        pytest.skip("SQLite stores strings of any length")
+    monkeypatch.setattr(runbooks, "NODE_NAME", r"[a-z]+")
+    url = "/api/v1/runbooks/by-hand/runs"
+    response = await h.client.post(url, json={"params": {"node": "n" * 300}})
+    assert response.status == 400, await response.text()
+    assert "Retry-After" not in response.headers
+    error = (await response.json())["error"]
+    assert error["code"] == "invalid"
+    assert "the database refuses a value" in error["message"]
+    assert "value too long" in error["message"]
+    assert await h.runs() == []
+    response = await h.client.post(url, json={"params": {"node": "gpu-node-07"}})
+    assert response.status == 201, await response.text()
+
+
+async def test_a_node_typed_into_the_runbook_form_that_is_no_node_name_is_refused(
+    make_harness, tmp_path
+):
+    """The form's node is free text: checked like the API's, before anything is stored."""
+    h = await make_harness(BY_HAND, tokens=write_tokens(tmp_path))
+    login = await h.client.get("/runbooks/login")
+    nonce = re.search(r'name="csrf" value="([^"]+)"', await login.text()).group(1)
+    signed = await h.client.post(
+        "/runbooks/login",
+        data={"token": TOKENS["olivia"][0], "csrf": nonce},
+        allow_redirects=False,
+    )
+    assert signed.status == 303
+    page = await (await h.client.get("/runbooks")).text()
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+    for node in ("n" * 300, "GPU Node 01", "gpu-node-01\rx"):
+        response = await h.client.post(
+            "/runbooks/by-hand/trigger", data={"csrf": csrf, "node": node}, allow_redirects=False
+        )
+        assert response.status == 400, (node, response.status)
+        assert "is not a Kubernetes node name" in await response.text()
+    assert await h.runs() == []
+
+
+@pytest.fixture
+async def sim():
+    async with testing.running_sim(time_scale=0.01) as running:
+        yield running
+
+
+def _on(sim):
+    kubernetes = {"mode": "url", "url": sim.url, "token": sim.token, "retry_max_seconds": 5.0}
+    return {"kubernetes": kubernetes, "guards": {"max_percent": 50.0}}
+
+
+def _acting(step):
+    return f"""
+name: act
+match: {{alertname: GPUXidError79}}
+exclusive: false
+steps:
+  - {step}
+"""
+
+
+LINE_ENDS = ["\n", "\r"]
+
+
+@pytest.mark.parametrize("end", LINE_ENDS)
+async def test_a_node_label_with_a_line_end_is_stored_but_never_reaches_the_cluster(
+    make_harness, sim, end
+):
+    """Stored like any short node label; the cordon refuses the run's node before any call."""
+    h = await make_harness(_acting("{id: cordon, action: node.cordon}"), **_on(sim))
+    response = await h.post(alert_body(node="gpu-node-01" + end))
+    assert response.status == 200, await response.text()
+    await h.settle()
+    [run] = await h.runs()
+    detail = await h.run_detail(run["id"])
+    assert detail["status"] == "failed"
+    [step] = detail["steps"]
+    assert step["status"] == "failed"
+    assert f"refused: {'gpu-node-01' + end!r} is not a valid DNS-1123" in step["error"]
+    assert not sim.node("gpu-node-01")["spec"].get("unschedulable")
+
+
+EVICT = '{id: evict, action: pod.evict, params: {namespace: ml-training, pod: "{{ labels.pod }}"}}'
+LABEL = '{id: label, action: node.label, params: {labels: {gpu-status: "{{ labels.state }}"}}}'
+TAINT = (
+    '{id: taint, action: node.taint, params: {taints: [{key: gpu, value: "{{ labels.state }}"}]}}'
+)
+
+
+@pytest.mark.parametrize("end", LINE_ENDS)
+@pytest.mark.parametrize(
+    ("step", "label", "value", "field"),
+    [
+        (EVICT, "pod", "llama-finetune-0", "pod"),
+        (LABEL, "state", "ok", "labels.gpu-status"),
+        (TAINT, "state", "ok", "taints.0.value"),
+    ],
+    ids=["pod name", "label value", "taint value"],
+)
+async def test_a_label_with_a_line_end_fails_the_run_at_planning_naming_the_param(
+    make_harness, sim, step, label, value, field, end
+):
+    """A pod "name\\n" is not found, so its eviction was once recorded as done: now the run is
+    failed before it starts, its reason naming the param, and the cluster is untouched."""
+    h = await make_harness(_acting(step), **_on(sim))
+    node = sim.node("gpu-node-01")
+    response = await h.post(alert_body(node="gpu-node-01", extra_labels={label: value + end}))
+    assert response.status == 200, await response.text()
+    await h.settle()
+    [run] = await h.runs()
+    assert run["status"] == "failed"
+    assert f"invalid params: {field}: Value error, {value + end!r}" in run["reason"]
+    assert sim.node("gpu-node-01") == node
+    assert sim.pod("ml-training", "llama-finetune-0") is not None
 
 
 async def _until(predicate, timeout=10.0):

@@ -4,6 +4,11 @@ SQLite (the embedded default) runs in WAL mode with ``synchronous=FULL`` so a co
 writers take ``BEGIN IMMEDIATE`` and an in-process lock, so they queue instead of failing with
 "database is locked" halfway through a transaction. Postgres (production, several replicas)
 uses asyncpg with a small pool; claims there use ``FOR UPDATE SKIP LOCKED``.
+
+Errors leave a transaction translated: a value the database refuses (too long for its column,
+out of range) is ``ValidationFailed``, since it would be refused again on every retry; a lost
+connection or a timeout is ``StoreUnavailable``, worth retrying; a violated constraint or a
+statement the database cannot run propagates unchanged.
 """
 
 from __future__ import annotations
@@ -231,9 +236,14 @@ class Database:
     async def _translated(self) -> AsyncIterator[None]:
         try:
             yield
-        except (exc.IntegrityError, exc.ProgrammingError, exc.DataError, exc.NotSupportedError):
-            raise  # our bug or a constraint doing its job: never "try again later"
-        except (exc.DBAPIError, OSError, TimeoutError) as e:
+        except exc.DBAPIError as e:
+            refused = refused_value(e)
+            if refused is not None:  # the same value is refused on every retry: not a 503
+                raise errors.ValidationFailed(f"the database refuses a value: {refused}") from e
+            if isinstance(e, (exc.IntegrityError, exc.ProgrammingError, exc.NotSupportedError)):
+                raise  # our bug or a constraint doing its job: never "try again later"
+            raise errors.StoreUnavailable(f"database unavailable: {_short(e)}") from e
+        except (OSError, TimeoutError) as e:
             raise errors.StoreUnavailable(f"database unavailable: {_short(e)}") from e
 
     async def ping(self) -> None:
@@ -251,6 +261,21 @@ class Database:
         if self._sync_engine is not None:
             self._sync_engine.dispose()
         self._writer.shutdown(wait=False)
+
+
+def refused_value(error: BaseException | None) -> str | None:
+    """What the database said if it refuses the data itself, else None.
+
+    That is SQLSTATE class 22 (data exception: a string longer than its column, a number out
+    of range, a character the encoding cannot hold). asyncpg's errors reach us as a plain
+    ``DBAPIError`` whatever their class, so the SQLSTATE decides, not the exception type.
+    """
+    if not isinstance(error, exc.DBAPIError):
+        return None
+    code = getattr(error.orig, "sqlstate", None) or getattr(error.orig, "pgcode", None)
+    if isinstance(error, exc.DataError) or (isinstance(code, str) and code.startswith("22")):
+        return _short(error)
+    return None
 
 
 def _short(error: BaseException) -> str:

@@ -166,16 +166,12 @@ class IntakeWriter:
 def _refused_data(error: BaseException | None) -> str | None:
     """What the database said if it refuses the data itself (SQLSTATE class 22), else None.
 
-    The database adapter may already have wrapped the driver's error in ``StoreUnavailable``.
+    The database adapter has usually wrapped the driver's error already (in
+    ``ValidationFailed`` when the data is refused).
     """
-    if isinstance(error, errors.StoreUnavailable):
+    if isinstance(error, errors.RemediatorError):
         error = error.__cause__
-    if not isinstance(error, sa.exc.DBAPIError):
-        return None
-    code = getattr(error.orig, "sqlstate", None) or getattr(error.orig, "pgcode", None)
-    if isinstance(error, sa.exc.DataError) or (isinstance(code, str) and code.startswith("22")):
-        return str(error.orig).splitlines()[0] if str(error.orig) else type(error.orig).__name__
-    return None
+    return database.refused_value(error)
 
 
 def _unavailable(error: Exception) -> bool:

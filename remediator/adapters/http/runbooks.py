@@ -185,6 +185,9 @@ async def start_runbook(
     playbook = deps.rules.index.get(name)
     if playbook is None or not playbook.manual:
         raise errors.NotFound(f"no manual runbook {name!r}")
+    if node is not None and not re.fullmatch(NODE_NAME, node):  # the form's node is free text
+        message = f"{node[:80]!r} is not a Kubernetes node name (a DNS-1123 subdomain)"
+        raise errors.ValidationFailed(message, fields=[{"field": "node", "message": message}])
     values, problems = playbooks.validate_parameters(playbook.parameters, params)
     if problems:
         raise errors.ValidationFailed("invalid parameters", fields=problems)

@@ -62,3 +62,38 @@ async def test_a_selector_matching_nothing_or_with_a_node_is_refused(make_harnes
     )
     assert hostile.status == 400
     assert await h.runs() == []
+
+
+LOOSE = """
+name: check-any
+manual: true
+target: {require_node: false}
+parameters:
+  node: {type: string, required: true}
+steps:
+  - {id: check, action: node.check_operator_pods, params: {node: "{{ params.node }}"}}
+"""
+
+
+@pytest.mark.parametrize("end", ["\n", "\r"])
+async def test_a_node_with_a_line_end_is_refused_naming_the_field(make_harness, sim, end):
+    kubernetes = {"mode": "url", "url": sim.url, "token": sim.token}
+    h = await make_harness(RUNBOOK, LOOSE, kubernetes=kubernetes)
+    node = "gpu-node-01" + end
+    for body, field in (({"node": node}, "node"), ({"params": {"node": node}}, "params.node")):
+        response = await h.client.post("/api/v1/runbooks/check-node/runs", json=body)
+        assert response.status == 400, await response.text()
+        error = (await response.json())["error"]
+        assert error["code"] == "invalid"
+        assert [f["field"] for f in error["fields"]] == [field]
+    assert await h.runs() == []
+    # A parameter without a pattern of its own is checked by the action it is passed to: the
+    # run is created failed, naming the param, and never reaches the cluster.
+    response = await h.client.post(
+        "/api/v1/runbooks/check-any/runs", json={"params": {"node": node}}
+    )
+    assert response.status == 201, await response.text()
+    await h.settle()
+    [run] = await h.runs()
+    assert run["status"] == "failed"
+    assert f"invalid params: node: Value error, {node!r} is not a valid DNS-1123" in run["reason"]

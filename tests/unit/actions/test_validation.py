@@ -93,3 +93,57 @@ def test_every_kube_action_is_exported_once() -> None:
         "node.taint",
         "pod.evict",
     }
+
+
+# ``re.match(r"^...$")`` lets a final "\n" through: ``$`` matches just before it.
+LINE_ENDS = ["\n", "\r", "\r\n"]
+
+
+def _refused(action, params, field):
+    with pytest.raises(pydantic.ValidationError) as caught:
+        action.parse(params)
+    found = caught.value.errors(include_url=False)
+    messages = [e["msg"] for e in found if field in ".".join(map(str, e["loc"]))]
+    assert messages, found
+    return " ".join(messages)
+
+
+@pytest.mark.parametrize("end", LINE_ENDS)
+def test_a_node_name_with_a_line_end_is_refused(end: str) -> None:
+    message = _refused(kube.CordonAction(), {"node": "gpu-node-01" + end}, "node")
+    assert "not a valid DNS-1123 subdomain name" in message
+
+
+@pytest.mark.parametrize("end", LINE_ENDS)
+def test_label_keys_and_values_with_a_line_end_are_refused(end: str) -> None:
+    message = _refused(kube.LabelAction(), {"labels": {"gpu-status": "ok" + end}}, "gpu-status")
+    assert "not a valid label value" in message
+    message = _refused(kube.LabelAction(), {"labels": {"gpu-status" + end: "ok"}}, "labels")
+    assert "not a valid label key" in message
+    message = _refused(kube.LabelAction(), {"labels": {"ok.io" + end + "/x": "ok"}}, "labels")
+    assert "the prefix must be a DNS-1123 subdomain" in message
+
+
+@pytest.mark.parametrize("end", LINE_ENDS)
+def test_taint_keys_and_values_with_a_line_end_are_refused(end: str) -> None:
+    taint = taints.TaintAction()
+    message = _refused(taint, {"taints": [{"key": "k", "value": "ok" + end}]}, "taints.0.value")
+    assert "not a valid label value" in message
+    message = _refused(taint, {"taints": [{"key": "k" + end}]}, "taints.0.key")
+    assert "not a valid label key" in message
+
+
+@pytest.mark.parametrize("end", LINE_ENDS)
+def test_pod_names_and_namespaces_with_a_line_end_are_refused(end: str) -> None:
+    evict = pods.EvictAction()
+    message = _refused(evict, {"namespace": "default", "pod": "name" + end}, "pod")
+    assert "not a valid DNS-1123 subdomain name" in message
+    message = _refused(evict, {"namespace": "default" + end, "pod": "name"}, "namespace")
+    assert "not a valid DNS-1123 label" in message
+
+
+@pytest.mark.parametrize("end", LINE_ENDS)
+def test_gpu_ids_selectors_and_event_reasons_with_a_line_end_are_refused(end: str) -> None:
+    _refused(gpu.PowerCapAction(), {"watts": 300, "gpus": ["0" + end]}, "gpus")
+    _refused(drain.DrainAction(), {"pod_selector": "app=x" + end}, "pod_selector")
+    _refused(pods.EventAction(), {"reason": "GpuLost" + end, "message": "m"}, "reason")

@@ -43,7 +43,10 @@ def test_timestamps_parse_with_any_number_of_fraction_digits(text, expected):
     assert alerts.parse_timestamp(text) == expected
 
 
-@pytest.mark.parametrize("text", ["yesterday", "2026-11-30", "2026-11-30T00:01:55", "", 12])
+@pytest.mark.parametrize(
+    "text",
+    ["yesterday", "2026-11-30", "2026-11-30T00:01:55", "", 12, "2026-11-30T00:01:55Z\n"],
+)
 def test_timestamps_without_zone_or_shape_are_refused(text):
     with pytest.raises(ValueError, match=r"timestamp|RFC 3339"):
         alerts.parse_timestamp(text)
