@@ -38,6 +38,7 @@ class CordonAction(actions.Action[NodeParams]):
     disruptive: ClassVar[bool] = True
     supports_undo: ClassVar[bool] = True
     undo_returns_to_service: ClassVar[bool] = True
+    observable: ClassVar[bool] = True
 
     async def check(self, ctx: actions.ActionContext, params: NodeParams) -> actions.Check:
         node = await _node(ctx, params)
@@ -95,8 +96,38 @@ class CordonAction(actions.Action[NodeParams]):
         await _uncordon(ctx, cluster, node, output)
         return output
 
+    async def observe(self, ctx: actions.ActionContext, params: NodeParams) -> actions.Observation:
+        node = await _observed_node(ctx, params.node)
+        if node is None or not node.unschedulable:
+            return _gone(ctx, params.node, "is not cordoned any more")
+        holder = node.annotations.get(CORDONED_BY)
+        if holder == clusterops.run_marker(ctx):
+            return actions.Observation(
+                actions.Presence.PRESENT, f"node {node.name} is cordoned by {holder}"
+            )
+        return actions.Observation(
+            actions.Presence.CHANGED,
+            f"node {node.name} is cordoned, but by {holder or 'someone else'} now",
+        )
+
     def describe(self, params: NodeParams) -> str:
         return f"cordon node {params.node or '(alert node)'}"
+
+
+async def _observed_node(ctx: actions.ActionContext, param: str | None) -> port.NodeInfo | None:
+    """The node as it is now, or ``None`` when it no longer exists."""
+    cluster = ctx.require_cluster()
+    name = clusterops.target_node(ctx, param)
+    with clusterops.cluster_errors(f"reading node {name}"):
+        try:
+            return await cluster.get_node(name)
+        except port.NotFound:
+            return None
+
+
+def _gone(ctx: actions.ActionContext, param: str | None, what: str) -> actions.Observation:
+    name = param or ctx.node
+    return actions.Observation(actions.Presence.GONE, f"node {name} {what}")
 
 
 async def _uncordon(
@@ -272,10 +303,32 @@ class LabelAction(_LabelsBase, actions.Action[LabelParams]):
     description: ClassVar[str] = "Set labels on the node; undo restores the previous values."
     params_model = LabelParams
     supports_undo: ClassVar[bool] = True
+    observable: ClassVar[bool] = True
     event_reason: ClassVar[str] = "RemediatorLabel"
 
     def wanted(self, params: Any) -> dict[str, str | None]:
         return dict(params.labels)
+
+    async def observe(self, ctx: actions.ActionContext, params: LabelParams) -> actions.Observation:
+        node = await _observed_node(ctx, params.node)
+        if node is None:
+            return _gone(ctx, params.node, "does not exist any more")
+        previous = dict(ctx.applied_output.get("previous") or {})
+        found = {key: node.labels.get(key) for key in params.labels}
+        differing = {k: v for k, v in found.items() if v != params.labels[k]}
+        shown = ", ".join(f"{k}={v!r}" for k, v in differing.items())
+        if not differing:
+            what = ", ".join(f"{k}={v}" for k, v in params.labels.items())
+            return actions.Observation(
+                actions.Presence.PRESENT, f"node {node.name} has labels {what}"
+            )
+        if all(v is None or (k in previous and v == previous[k]) for k, v in differing.items()):
+            return actions.Observation(
+                actions.Presence.GONE, f"node {node.name} has labels {shown} again"
+            )
+        return actions.Observation(
+            actions.Presence.CHANGED, f"node {node.name} labels changed since: {shown}"
+        )
 
 
 class UnlabelAction(_LabelsBase, actions.Action[UnlabelParams]):

@@ -109,6 +109,30 @@ class TaintAction(actions.Action[TaintParams]):
     params_model = TaintParams
     disruptive: ClassVar[bool] = True
     supports_undo: ClassVar[bool] = True
+    observable: ClassVar[bool] = True
+
+    async def observe(self, ctx: actions.ActionContext, params: TaintParams) -> actions.Observation:
+        cluster = ctx.require_cluster()
+        name = clusterops.target_node(ctx, params.node)
+        with clusterops.cluster_errors(f"reading node {name}"):
+            try:
+                node = await cluster.get_node(name)
+            except port.NotFound:
+                return actions.Observation(
+                    actions.Presence.GONE, f"node {name} does not exist any more"
+                )
+        wanted = [_taint(t) for t in params.taints]
+        shown = ", ".join(f"{t.key}={t.value or ''}:{t.effect}" for t in wanted)
+        if all(t in node.taints for t in wanted):
+            return actions.Observation(actions.Presence.PRESENT, f"node {name} has taints {shown}")
+        slots = {_slot(t) for t in node.taints}
+        if not any(_slot(t) in slots for t in wanted):
+            return actions.Observation(
+                actions.Presence.GONE, f"node {name} no longer has taints {shown}"
+            )
+        return actions.Observation(
+            actions.Presence.CHANGED, f"node {name} taints changed since; remediator set {shown}"
+        )
 
     async def check(self, ctx: actions.ActionContext, params: TaintParams) -> actions.Check:
         cluster = ctx.require_cluster()

@@ -110,6 +110,14 @@ class Metrics:
             ["unit"],
             registry=r,
         )
+        self.orphaned_effects = prom.Counter(
+            "remediator_orphaned_effects",
+            "Effects the reconciler reported: orphaned (still in the cluster after the alert "
+            "resolved, and not undone) or vanished (gone from the cluster although the "
+            "playbook keeps them).",
+            ["kind"],
+            registry=r,
+        )
         self.steps_held = prom.Gauge(
             "remediator_steps_held",
             "Steps kept waiting now, by reason: a guard (budget, breaker, change window, node "
@@ -171,6 +179,9 @@ class Metrics:
 
     def quarantined(self, unit: str) -> None:
         self.engine_quarantined.labels(unit=unit).inc()
+
+    def effect_reported(self, kind: str) -> None:
+        self.orphaned_effects.labels(kind=kind).inc()
 
     def notice(self, kind: str) -> None:
         if kind in SUPPRESSIONS:

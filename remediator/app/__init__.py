@@ -30,7 +30,15 @@ from remediator.adapters.kubernetes import leases as kube_leases
 from remediator.app import settings as settings_mod
 from remediator.domain import alerts, errors, playbooks, records
 from remediator.domain import auth as domain_auth
-from remediator.engine import approvals, executor, guarding, lifecycle, previewing, worker
+from remediator.engine import (
+    approvals,
+    executor,
+    guarding,
+    lifecycle,
+    previewing,
+    reconciler,
+    worker,
+)
 from remediator.ports import actions, cluster
 from remediator.ports import leader as leader_port
 from remediator.ports import store as store_port
@@ -123,6 +131,7 @@ class Components:
             ),
             owner=settings.worker_id,
         )
+        self.reconciler = reconciler.Reconciler(services)
         self.writer = intake.IntakeWriter(self.db, clock=clock, on_change=self.engine.wake)
         # Singleton loops run only on the leader (``_lifecycle`` builds the elector); the
         # engine's lease sweeper asks the same elector.
@@ -294,6 +303,14 @@ class Components:
             self.engine.wake()
         return expired
 
+    async def reconcile(self) -> reconciler.PassReport:
+        """One pass of the reconciler; on-call hears of what it reports."""
+        found, report = await self.reconciler.run_once()
+        await self.engine.publish(report)
+        if any(v.resolution == "undo-planned" for v in found.verdicts):
+            self.engine.wake()
+        return found
+
 
 COMPONENTS = web.AppKey("components", Components)
 FAILED = web.AppKey("failed", list)
@@ -372,6 +389,7 @@ def create_app(
     health.add_routes(app)
     openapi.add_routes(app)
     components.add_singleton("approval-expiry", lambda: expire_approvals_forever(components))
+    components.add_singleton("reconciler", lambda: reconcile_forever(components))
     app.cleanup_ctx.append(_lifecycle(run_engine=run_engine))
     return app
 
@@ -482,6 +500,26 @@ async def _retention(components: Components) -> None:
                 - dt.timedelta(days=components.settings.delivery_retention_days),
             )
         await asyncio.sleep(3600)
+
+
+async def reconcile_forever(components: Components) -> None:
+    """The leader compares the effects ledger with the cluster at once (start-up, or on
+    becoming leader) and then every ``reconcile_interval`` seconds."""
+    while True:
+        try:
+            found = await components.reconcile()
+        except errors.RemediatorError as e:
+            logger.warning("reconciler pass failed: %s", e)
+        except Exception:
+            logger.exception("reconciler pass crashed; the next pass tries again")
+        else:
+            if found.verdicts:
+                logger.info(
+                    "reconciler: %d effects looked at, %d recorded",
+                    found.looked_at,
+                    len(found.verdicts),
+                )
+        await asyncio.sleep(components.settings.reconcile_interval)
 
 
 async def expire_approvals_forever(components: Components) -> None:

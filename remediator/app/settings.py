@@ -132,6 +132,12 @@ class Settings(pydantic_settings.BaseSettings):
     approval_expiry_interval: float = pydantic.Field(
         default=30.0, gt=0, description="Seconds between checks for expired approvals."
     )
+    reconcile_interval: float = pydantic.Field(
+        default=300.0,
+        gt=0,
+        description="Seconds between reconciler passes, which compare the effects remediator "
+        "applied with the cluster (one pass also runs at start-up).",
+    )
     trusted_proxies: list[pydantic.IPvAnyNetwork] = pydantic.Field(
         default_factory=list,
         description="Addresses of authenticating reverse proxies whose user header is trusted.",

@@ -171,6 +171,19 @@ class AuditEvent:
     hash: str
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LedgerEntry:
+    """An effect a step of an ended alert run applied (or may have applied) and no undo
+    reversed: the effects ledger is the steps table read this way, with what the reconciler
+    needs to judge it."""
+
+    run: Run
+    step: Step
+    alert_resolved: bool
+    undo_runs: tuple[runs.RunStatus, ...]  # the runs undoing ``run``, if any
+    returned_to_service: bool  # a later step returned the node to service
+
+
 @dataclasses.dataclass(frozen=True)
 class Probe:
     """Which kinds of engine work exist right now (one cheap read, without the write lock)."""

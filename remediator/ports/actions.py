@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import datetime as dt
+import enum
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -70,6 +71,20 @@ class Check:
     output: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+class Presence(enum.StrEnum):
+    """Whether an effect a step applied is still in the cluster (see ``Action.observe``)."""
+
+    PRESENT = "present"  # exactly as the step left it
+    CHANGED = "changed"  # changed since by someone else (another value, another holder)
+    GONE = "gone"  # not there any more: reverted by hand, or lost with the cluster's state
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    presence: Presence
+    detail: str  # one line for the audit trail and on-call: what was found
+
+
 class Action(abc.ABC, Generic[P]):
     name: ClassVar[str]
     description: ClassVar[str]
@@ -80,6 +95,8 @@ class Action(abc.ABC, Generic[P]):
     returns_to_service: ClassVar[bool] = False
     #: Undoing it returns the node to service (the undo of a cordon).
     undo_returns_to_service: ClassVar[bool] = False
+    #: ``observe`` can tell whether its effect is still in the cluster (the reconciler asks).
+    observable: ClassVar[bool] = False
 
     @abc.abstractmethod
     async def check(self, ctx: ActionContext, params: P) -> Check:
@@ -96,6 +113,12 @@ class Action(abc.ABC, Generic[P]):
     async def undo(self, ctx: ActionContext, params: P) -> dict[str, Any]:
         """Reverse ``apply``; ``ctx.applied_output`` holds what it returned."""
         raise errors.ActionFailed(f"action {self.name} has no undo")
+
+    async def observe(self, ctx: ActionContext, params: P) -> Observation:
+        """Is the effect this step applied (``ctx.applied_output``: what ``apply`` returned,
+        possibly partial when the outcome is unknown) still in the cluster? Must not change
+        anything. Only for actions that set ``observable``."""
+        raise NotImplementedError(f"action {self.name} cannot observe its effect")
 
     async def preview(self, ctx: ActionContext, params: P) -> dict[str, Any]:
         """What ``apply`` would do, read from live state; changes nothing (used by plans)."""

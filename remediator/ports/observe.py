@@ -21,6 +21,11 @@ class Observer(Protocol):
         """A unit of engine work (episode, start, advance, claim) failed too often."""
         ...
 
+    def effect_reported(self, kind: str) -> None:
+        """The reconciler found an effect ``orphaned`` (left in place after its alert
+        resolved) or ``vanished`` (gone although the playbook keeps it)."""
+        ...
+
 
 class NullObserver:
     def run_finished(self, playbook: str, state: str) -> None:
@@ -42,4 +47,7 @@ class NullObserver:
         return None
 
     def quarantined(self, unit: str) -> None:
+        return None
+
+    def effect_reported(self, kind: str) -> None:
         return None

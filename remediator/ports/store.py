@@ -99,6 +99,22 @@ class Tx(Protocol):
 
     def try_lock(self, key: str, *, run_id: int | None, expires_at: dt.datetime | None) -> bool: ...
 
+    def effect_ledger(
+        self,
+        *,
+        actions: Iterable[str],
+        returning: Iterable[str],
+        closed_by: Iterable[str],
+        limit: int,
+    ) -> list[records.LedgerEntry]:
+        """Do-steps of ``actions`` in ended, non-dry-run alert runs on a node whose effect is
+        ``applied`` or ``unknown`` and that no audit event of a kind in ``closed_by`` names,
+        which still matter: kept effects (``on_resolve: continue``, effect ``applied``) and
+        effects of ``on_resolve: undo`` runs whose alert resolved (and was handled). Oldest
+        first. ``returning`` names the actions that return a node to service (for
+        ``returned_to_service``)."""
+        ...
+
     def release_run_locks(self, run_id: int) -> None: ...
     def release_locks(self, keys: Iterable[str]) -> None: ...
     def held_keys(self, prefix: str) -> set[str]: ...

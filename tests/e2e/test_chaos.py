@@ -14,14 +14,17 @@ in ``rules/`` and an operator approving drains through the API. Then, with fault
    the same value written again while still in place, with no reverse in between);
 4. for every run whose alert resolved and whose playbook says ``on_resolve: undo``, the final
    cluster state shows its effects undone (GPU power limit back at its default, node
-   uncordoned), or the audit log has an ``effect.orphaned`` event reporting it;
+   uncordoned), or the audit log has an ``effect.orphaned`` event (the reconciler's) reporting
+   it;
 5. the audit chain verifies (``remediator audit verify`` on the database, and the API);
 6. every effect a run applied and its playbook never undoes (``on_resolve: continue``: the
    cordon, label and taint of Xid and ECC runs) is in the final cluster state, or the audit log
-   has an ``effect.orphaned`` event reporting it (it disappeared with the simulator's objects).
+   has an ``effect.vanished`` (or ``effect.orphaned``) event reporting it (it disappeared with
+   the simulator's objects).
 
-An ``effect.orphaned`` event counts for a node when its data or reason names the node (or its
-run is on the node) and, if it names GPUs at all, for a GPU when it names that GPU.
+A reporting event counts for a node when its data or reason names the node (or its run is on
+the node) and, if it names GPUs at all, for a GPU when it names that GPU. The server runs its
+reconciler every 2 seconds instead of every 5 minutes.
 
 The storm is drawn from one seed (``REMEDIATOR_CHAOS_SEED``); failures name it.
 """
@@ -50,6 +53,7 @@ from tests.e2e.procs import Serve
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 ORPHANED = "effect.orphaned"
+VANISHED = "effect.vanished"
 SEED = int(os.environ.get("REMEDIATOR_CHAOS_SEED", "20261130"))
 STORM_LIMIT_SECONDS = 95.0
 SETTLE_SECONDS = 40.0
@@ -82,6 +86,7 @@ def serve_env(database_url: str, sim: chaos.SimProcess, workdir: pathlib.Path) -
         "REMEDIATOR_GUARDS__MAX_PERCENT": "100",
         "REMEDIATOR_GUARDS__MAX_DISRUPTIVE_RUNS": "100000",
         "REMEDIATOR_GUARDS__MAX_PER_NODE_PER_DAY": "100000",
+        "REMEDIATOR_RECONCILE_INTERVAL": "2",
     }
 
 
@@ -116,7 +121,7 @@ def test_a_storm_with_crashes_and_api_faults_finishes_every_run_and_undoes_what_
         f"{settle_seconds:.0f}s; runs by status "
         f"{dict(collections.Counter(r['status'] for r in outcome['runs'].values()))}; "
         f"{len(outcome['mutations'])} effect writes; {len(outcome['orphaned'])} {ORPHANED} "
-        f"events; logs in {tmp_path}"
+        f"and {len(outcome['vanished'])} {VANISHED} events; logs in {tmp_path}"
     )
     print(summary)
     (tmp_path / "chaos-report.json").write_text(
@@ -223,6 +228,7 @@ def collect(
         "episodes": chaos.pages(serve.get, "/api/v1/alerts"),
         "runs": runs,
         "orphaned": chaos.pages(serve.get, "/api/v1/audit/events", kind=ORPHANED),
+        "vanished": chaos.pages(serve.get, "/api/v1/audit/events", kind=VANISHED),
         "verify_api": serve.get("/api/v1/audit/verify"),
         "verify_cli": {
             "code": verify.returncode,
@@ -386,10 +392,12 @@ def check_no_effect_applied_twice(outcome: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _reported(outcome: dict[str, Any], node: str, gpu: str | None) -> bool:
-    """An ``effect.orphaned`` event names the node (in its data or through its run) and, when
-    it names GPUs at all, this GPU."""
-    for event in outcome["orphaned"]:
+def _reported(
+    outcome: dict[str, Any], node: str, gpu: str | None, kinds: tuple[str, ...] = ("orphaned",)
+) -> bool:
+    """A reporting event (of ``kinds``) names the node (in its data or through its run) and,
+    when it names GPUs at all, this GPU."""
+    for event in [e for kind in kinds for e in outcome[kind]]:
         run = outcome["runs"].get(event.get("run_id")) or {}
         text = json.dumps(event.get("data")) + (event.get("reason") or "")
         on_node = node in text or run.get("node") == node
@@ -513,9 +521,9 @@ def check_kept_effects_present_or_reported(
                 missing[run["node"]][effect].append(by)
     return [
         f"node {node} no longer has effects that runs applied and never undo (on_resolve: "
-        f"continue), and no {ORPHANED} event reports them: "
+        f"continue), and no {VANISHED} or {ORPHANED} event reports them: "
         + "; ".join(f"{effect} (applied by {', '.join(by)})" for effect, by in effects.items())
         + f" (the simulator {', '.join(restarts) or 'never restarted'})"
         for node, effects in sorted(missing.items())
-        if not _reported(outcome, node, None)
+        if not _reported(outcome, node, None, ("vanished", "orphaned"))
     ]

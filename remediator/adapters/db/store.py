@@ -684,6 +684,83 @@ class SqlTx:
         )
         return [run_from_row(row) for row in self.conn.execute(query)]
 
+    # -- effects ledger --------------------------------------------------------------------
+
+    def effect_ledger(
+        self,
+        *,
+        actions: Iterable[str],
+        returning: Iterable[str],
+        closed_by: Iterable[str],
+        limit: int,
+    ) -> list[records.LedgerEntry]:
+        # Resolved and handled: the engine has applied the playbook's on_resolve already.
+        resolved = sa.and_(
+            E.c.status == alerts.AlertStatus.RESOLVED.value,
+            E.c.handled_status == alerts.AlertStatus.RESOLVED.value,
+        )
+        closed = (
+            sa.select(A.c.id).where(A.c.step_id == S.c.id, A.c.kind.in_(list(closed_by))).exists()
+        )
+        undo = playbooks.ResolvePolicy.UNDO.value
+        kept = sa.and_(
+            R.c.on_resolve == playbooks.ResolvePolicy.CONTINUE.value,
+            S.c.effect == runs.Effect.APPLIED.value,
+        )
+        query = (
+            sa.select(S.c.id, resolved.label("resolved"))
+            .select_from(S.join(R, R.c.id == S.c.run_id).join(E, E.c.id == R.c.episode_id))
+            .where(
+                S.c.phase == runs.StepPhase.DO.value,
+                S.c.effect.in_([e.value for e in runs.EFFECTS_TO_UNDO]),
+                S.c.action.in_(list(actions)),
+                R.c.kind == runs.RunKind.ALERT.value,
+                R.c.status.in_([s.value for s in runs.RUN_TERMINAL]),
+                R.c.node.is_not(None),
+                R.c.dry_run.is_(False),
+                sa.or_(kept, sa.and_(resolved, R.c.on_resolve == undo)),
+                ~closed,
+            )
+            .order_by(S.c.id)
+            .limit(limit)
+        )
+        found = self.conn.execute(query).all()
+        later = S.alias("later")
+        later_run = R.alias("later_run")
+        entries = []
+        for step_id, is_resolved in found:
+            step = self.get_step(step_id)
+            assert step is not None
+            run = self.get_run(step.run_id)
+            assert run is not None
+            undo_runs = self.conn.execute(
+                sa.select(R.c.status)
+                .where(R.c.parent_run_id == run.id, R.c.kind == runs.RunKind.UNDO.value)
+                .order_by(R.c.id)
+            ).scalars()
+            returned = self.conn.execute(
+                sa.select(later.c.id)
+                .select_from(later.join(later_run, later_run.c.id == later.c.run_id))
+                .where(
+                    later_run.c.node == run.node,
+                    later_run.c.id > run.id,
+                    later.c.phase == runs.StepPhase.DO.value,
+                    later.c.action.in_(list(returning)),
+                    later.c.status == runs.StepStatus.SUCCEEDED.value,
+                )
+                .limit(1)
+            ).first()
+            entries.append(
+                records.LedgerEntry(
+                    run=run,
+                    step=step,
+                    alert_resolved=bool(is_resolved),
+                    undo_runs=tuple(runs.RunStatus(status) for status in undo_runs),
+                    returned_to_service=returned is not None,
+                )
+            )
+        return entries
+
     # -- approvals -------------------------------------------------------------------------
 
     def add_approval(self, step_id: int, *, principal: str, decision: str, comment: str) -> bool:

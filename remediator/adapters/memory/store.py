@@ -19,11 +19,11 @@ import asyncio
 import dataclasses
 import datetime as dt
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from remediator.adapters.memory import fleet, queries, tables
-from remediator.domain import alerts, audit, errors, records, runs, transitions
+from remediator.domain import alerts, audit, errors, playbooks, records, runs, transitions
 
 T = TypeVar("T")
 
@@ -320,6 +320,71 @@ class MemoryTx(fleet.FleetTx):
     def active_runs_with_no_active_step(self, limit: int) -> list[records.Run]:
         found = itertools.islice(queries.advanceable_runs(self.tables), max(limit, 0))
         return [tables.detached_run(run) for run in found]
+
+    def effect_ledger(
+        self,
+        *,
+        actions: Iterable[str],
+        returning: Iterable[str],
+        closed_by: Iterable[str],
+        limit: int,
+    ) -> list[records.LedgerEntry]:
+        t = self.tables
+        wanted, back, closing = set(actions), set(returning), set(closed_by)
+        closed = {e.step_id for e in t.events if e.kind in closing and e.step_id is not None}
+        entries: list[records.LedgerEntry] = []
+        for step in t.steps.values():
+            if len(entries) >= limit:
+                break
+            run = t.runs[step.run_id]
+            episode = t.episodes.get(run.episode_id) if run.episode_id is not None else None
+            if (
+                episode is None
+                or step.phase is not runs.StepPhase.DO
+                or step.effect not in runs.EFFECTS_TO_UNDO
+                or step.action not in wanted
+                or run.kind is not runs.RunKind.ALERT
+                or run.status not in runs.RUN_TERMINAL
+                or run.node is None
+                or run.dry_run
+                or step.id in closed
+            ):
+                continue
+            resolved = (
+                episode.status is alerts.AlertStatus.RESOLVED
+                and episode.handled_status is alerts.AlertStatus.RESOLVED
+            )
+            kept = (
+                run.on_resolve is playbooks.ResolvePolicy.CONTINUE
+                and step.effect is runs.Effect.APPLIED
+            )
+            if not (kept or (resolved and run.on_resolve is playbooks.ResolvePolicy.UNDO)):
+                continue
+            returned = any(
+                later.node == run.node
+                and later.id > run.id
+                and any(
+                    s.phase is runs.StepPhase.DO
+                    and s.action in back
+                    and s.status is runs.StepStatus.SUCCEEDED
+                    for s in queries.steps_of(t, later.id)
+                )
+                for later in t.runs.values()
+            )
+            entries.append(
+                records.LedgerEntry(
+                    run=tables.detached_run(run),
+                    step=tables.detached_step(step),
+                    alert_resolved=resolved,
+                    undo_runs=tuple(
+                        r.status
+                        for r in t.runs.values()
+                        if r.parent_run_id == run.id and r.kind is runs.RunKind.UNDO
+                    ),
+                    returned_to_service=returned,
+                )
+            )
+        return entries
 
 
 if TYPE_CHECKING:  # both satisfy the ports they stand in for
