@@ -13,6 +13,13 @@ such a failure never reads as "not applied". Its output carries ``maybe_applied:
 the per-GPU records (``previous_limit``, ``set_limit``) that undo needs. A ``-pl`` whose stream
 dropped is not sent again within the attempt: the next attempt's ``check`` reads the limits
 and finds the cap in place if it was applied (a limit is never written twice).
+
+A retry gets that earlier output as ``ctx.applied_output``. For a GPU still at the limit the
+earlier attempt set, the limit read now may be our own cap, so the earlier ``previous_limit``
+is kept, whether the retry finds the cap in place or writes the rest of it. When undo finds no
+previous limit on record (the outcome was unknown and nothing was recorded, or a refire found
+the cap in place), it restores the GPU's default limit, again only if the GPU is still at the
+limit this cap sets, computed from the params and the GPU's own limits as ``apply`` does.
 """
 
 from __future__ import annotations
@@ -285,24 +292,65 @@ def _gpu_record(gpu: GpuLimits, **extra: Any) -> dict[str, Any]:
     }
 
 
+def kept_previous(applied: Mapping[str, Any], gpus: list[GpuLimits]) -> dict[str, float]:
+    """uuid → the limit an earlier attempt of this step read before writing its cap, for each
+    GPU still at the limit that attempt set (``applied``: that attempt's maybe-applied output;
+    the limit read now is then likely our own cap, not the one to restore)."""
+    if not applied.get(clusterops.MAYBE_APPLIED):
+        return {}
+    now = {g.uuid: g.limit for g in gpus}
+    kept: dict[str, float] = {}
+    for record in applied.get("gpus") or []:
+        uuid = str(record.get("uuid"))
+        previous, written = record.get("previous_limit"), record.get("set_limit")
+        if uuid not in now or previous is None or written is None:
+            continue
+        if abs(now[uuid] - float(written)) <= TOLERANCE_W:
+            kept[uuid] = float(previous)
+    return kept
+
+
+def cap_targets(
+    ctx: actions.ActionContext, params: PowerCapParams, gpus: list[GpuLimits]
+) -> dict[str, float]:
+    """uuid → the limit this cap sets on each GPU it targets, computed as ``apply`` does;
+    empty when ``apply`` would refuse (it then never wrote a limit)."""
+    try:
+        idents = wanted_gpus(ctx, params)
+        chosen = [g for g in gpus if idents is None or any(matches(g, i) for i in idents)]
+        return {gpu.uuid: target for gpu, target, _ in plan_caps(chosen, params)}
+    except errors.ActionFailed:
+        return {}
+
+
 def undo_plan(
-    current: list[GpuLimits], applied: list[Mapping[str, Any]]
+    current: list[GpuLimits],
+    applied: list[Mapping[str, Any]],
+    targets: Mapping[str, float] | None = None,
 ) -> tuple[list[tuple[str, float]], dict[str, str]]:
-    """(uuid, watts) to restore, and GPUs left alone because someone changed them since."""
+    """(uuid, watts) to restore, and GPUs left alone because someone changed them since.
+
+    ``targets`` (from ``cap_targets``) stand in for what the output does not record: with no
+    records at all, every GPU the cap targets is undone; without ``set_limit``, ours is the
+    target. Without ``previous_limit``, the GPU goes back to its default limit."""
+    targets = targets or {}
     by_uuid = {g.uuid: g for g in current}
     restore: list[tuple[str, float]] = []
     left_alone: dict[str, str] = {}
-    for record in applied:
+    for record in applied or [{"uuid": uuid} for uuid in targets]:
         gpu = by_uuid.get(str(record.get("uuid")))
         if gpu is None:
             left_alone[str(record.get("uuid"))] = "GPU no longer reported by nvidia-smi"
             continue
         previous = record.get("previous_limit")
         target = float(previous if previous is not None else gpu.default)
-        ours = float(record.get("set_limit", gpu.limit))
+        ours = record.get("set_limit", targets.get(gpu.uuid))
         if abs(gpu.limit - target) <= TOLERANCE_W:
             continue
-        if abs(gpu.limit - ours) > TOLERANCE_W:
+        if ours is None:
+            left_alone[gpu.uuid] = f"limit {gpu.limit:g} W was not set by this cap"
+            continue
+        if abs(gpu.limit - float(ours)) > TOLERANCE_W:
             left_alone[gpu.uuid] = f"limit changed by someone else to {gpu.limit:g} W"
             continue
         restore.append((gpu.uuid, target))
@@ -325,8 +373,15 @@ class PowerCapAction(actions.Action[PowerCapParams]):
     async def check(self, ctx: actions.ActionContext, params: PowerCapParams) -> actions.Check:
         node, _, plan = await self._plan(ctx, params)
         done = all(abs(g.limit - target) <= TOLERANCE_W for g, target, _ in plan)
+        kept = kept_previous(ctx.applied_output, [g for g, _, _ in plan])
         gpus = [
-            _gpu_record(g, current_limit=g.limit, set_limit=target, clamped=clamped)
+            _gpu_record(
+                g,
+                current_limit=g.limit,
+                set_limit=target,
+                clamped=clamped,
+                **({"previous_limit": kept[g.uuid]} if g.uuid in kept else {}),
+            )
             for g, target, clamped in plan
         ]
         return actions.Check(in_place=done, output={"node": node.name, "gpus": gpus})
@@ -334,10 +389,11 @@ class PowerCapAction(actions.Action[PowerCapParams]):
     async def apply(self, ctx: actions.ActionContext, params: PowerCapParams) -> dict[str, Any]:
         node, driver, plan = await self._plan(ctx, params)
         timeout = params.exec_timeout_seconds
+        kept = kept_previous(ctx.applied_output, [g for g, _, _ in plan])
         records = [
             _gpu_record(
                 gpu,
-                previous_limit=gpu.limit,
+                previous_limit=kept.get(gpu.uuid, gpu.limit),
                 set_limit=target,
                 clamped=clamped,
                 changed=abs(gpu.limit - target) > TOLERANCE_W,
@@ -391,7 +447,7 @@ class PowerCapAction(actions.Action[PowerCapParams]):
         node, driver = await find_driver(ctx, params)
         current = await query(ctx, driver, params.exec_timeout_seconds)
         applied = list(ctx.applied_output.get("gpus") or [])
-        restore, left_alone = undo_plan(current, applied)
+        restore, left_alone = undo_plan(current, applied, cap_targets(ctx, params, current))
         return node, driver, restore, left_alone
 
     async def check_undo(self, ctx: actions.ActionContext, params: PowerCapParams) -> actions.Check:
@@ -405,6 +461,12 @@ class PowerCapAction(actions.Action[PowerCapParams]):
             await set_limit(ctx, driver, uuid, watts, params.exec_timeout_seconds)
         after = {g.uuid: g.limit for g in await query(ctx, driver, params.exec_timeout_seconds)}
         restored = {uuid: after.get(uuid) for uuid, _ in restore}
+        recorded = {
+            str(r.get("uuid"))
+            for r in ctx.applied_output.get("gpus") or []
+            if r.get("previous_limit") is not None
+        }
+        to_default = sorted(uuid for uuid in restored if uuid not in recorded)
         event = await clusterops.emit_node_event(
             ctx,
             ctx.require_cluster(),
@@ -412,7 +474,13 @@ class PowerCapAction(actions.Action[PowerCapParams]):
             reason="RemediatorPowerRestore",
             what=f"restored power limits {restored}; left alone {left_alone}",
         )
-        return {"node": node.name, "restored": restored, "left_alone": left_alone, "event": event}
+        return {
+            "node": node.name,
+            "restored": restored,
+            "restored_to_default": to_default,  # no previous limit on record
+            "left_alone": left_alone,
+            "event": event,
+        }
 
     def describe(self, params: PowerCapParams) -> str:
         target = (

@@ -9,6 +9,13 @@ persisted time, for as long as the step's retry policy allows), permanent failur
 (``on_failure`` decides whether the run stops). A ``ClusterError`` the action let escape is
 classified by its own ``temporary`` flag. Whether the attempt reached ``apply`` is part of the
 outcome: a failure after that point leaves the effect ``unknown``, and undo counts it.
+
+An attempt that failed with ``maybe_applied`` recorded what its undo needs (previous values).
+Later attempts must not lose it: until an attempt succeeds, the step's output keeps those keys
+under whatever a later attempt reports (its progress, its failure, a cancellation when the alert
+resolved), and the action gets that output as ``ctx.applied_output``, so an attempt that finds
+the effect in place, or completes it, records the values from before the first write instead
+of its own.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from remediator.ports import actions, cluster, notify, observe, silences, store
 
 logger = logging.getLogger("remediator.engine")
 
+MAYBE_APPLIED = "maybe_applied"
+
 
 @dataclasses.dataclass(kw_only=True)
 class Services:
@@ -47,6 +56,11 @@ class Services:
 
 
 _Result = transitions.Result
+
+
+def kept_output(step: records.Step) -> dict[str, Any]:
+    """The output of an earlier attempt whose effect may be in place, else nothing."""
+    return dict(step.output) if step.output.get(MAYBE_APPLIED) else {}
 
 
 class StepRunner:
@@ -92,8 +106,9 @@ class StepRunner:
         while True:
             await asyncio.sleep(interval)
             try:
+                output = kept_output(step) | progress
                 kept = await self.services.store.run(
-                    "heartbeat", functools.partial(self._renew, step.id, dict(progress))
+                    "heartbeat", functools.partial(self._renew, step.id, output)
                 )
             except errors.StoreUnavailable:
                 logger.warning("heartbeat for step %s failed; will retry", step.id)
@@ -115,7 +130,9 @@ class StepRunner:
             run = tx.get_run(step.run_id)
             assert run is not None
             episode = tx.get_episode(run.episode_id) if run.episode_id else None
-            original = tx.get_step(step.undo_of) if step.undo_of is not None else None
+            if step.undo_of is None:
+                return run, episode, kept_output(step)
+            original = tx.get_step(step.undo_of)
             return run, episode, dict(original.output) if original else {}
 
         run, episode, applied = await self.services.store.run("load", load)
@@ -158,7 +175,7 @@ class StepRunner:
         ):
             return _Result(
                 status=runs.StepStatus.CANCELLED,
-                output={},
+                output=kept_output(step),
                 error="alert resolved before the step started",
             )
         try:
@@ -188,7 +205,7 @@ class StepRunner:
             message = f"timed out after {step.timeout_seconds:g}s"
             return self._failure(step, message, temporary=True, reached=bool(reached))
         except errors.ActionFailed as e:
-            maybe = bool(reached) or bool(e.output.get("maybe_applied"))
+            maybe = bool(reached) or bool(e.output.get(MAYBE_APPLIED))
             return self._failure(
                 step,
                 str(e),
@@ -247,7 +264,7 @@ class StepRunner:
             )
         return _Result(
             status=runs.StepStatus.PENDING if retry_at else runs.StepStatus.FAILED,
-            output=output or {},
+            output=kept_output(step) | (output or {}),
             error=message,
             retry_at=retry_at,
             reached_apply=reached,

@@ -320,3 +320,33 @@ async def test_a_power_cap_whose_set_never_ran_is_maybe_applied_and_its_undo_cha
     )
     assert undone["already_in_place"] is True
     assert sim.gpu("gpu-node-01", 0).power_limit == 700.0
+
+
+async def test_a_retry_that_completes_a_partial_power_cap_keeps_the_first_previous_limits(
+    sim: testing.RunningSim, connect: Connect, make_ctx: MakeContext
+) -> None:
+    short = await connect(retry_max_seconds=0.5)
+    sim.gpu("gpu-node-01", 0).power_limit = 600.0
+    params = {"watts": 400, "gpus": ["0", "1"]}
+    dropped: list[bool] = []
+
+    async def drop_after_the_first_set() -> None:
+        if not dropped:
+            dropped.append(True)
+            await set_faults(sim, DROP_EVERY_EXEC)
+
+    ctx = make_ctx(kube=ExecHook(short, drop_after_the_first_set, flag="-pl", after=True))
+    with pytest.raises(errors.ActionFailed) as info:
+        await run_action(gpu.PowerCapAction(), ctx, params)
+    assert info.value.output["maybe_applied"] is True
+    assert [sim.gpu("gpu-node-01", i).power_limit for i in (0, 1)] == [400.0, 700.0]
+
+    await set_faults(sim, {"rules": []})
+    # The engine hands the retry the failed attempt's output.
+    retry = make_ctx(applied_output=info.value.output)
+    retried = await run_action(gpu.PowerCapAction(), retry, params)
+    assert [r["previous_limit"] for r in retried["gpus"]] == [600.0, 700.0]
+    assert [sim.gpu("gpu-node-01", i).power_limit for i in (0, 1)] == [400.0, 400.0]
+
+    await run_undo(gpu.PowerCapAction(), make_ctx(applied_output=retried), params)
+    assert [sim.gpu("gpu-node-01", i).power_limit for i in (0, 1)] == [600.0, 700.0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from remediator.actions import gpu
@@ -63,6 +65,26 @@ def test_undo_restores_only_limits_still_at_what_we_set() -> None:
     restore, left = gpu.undo_plan([H200], [theirs])
     assert restore == []
     assert left == {H200.uuid: "limit changed by someone else to 450 W"}
+
+
+def test_undo_with_nothing_on_record_restores_the_default_only_from_the_cap_target() -> None:
+    capped = dataclasses.replace(H200, limit=350.0)
+    assert gpu.undo_plan([capped], [], {H200.uuid: 350.0}) == ([(H200.uuid, 700.0)], {})
+    restore, left = gpu.undo_plan([H200], [], {H200.uuid: 350.0})
+    assert restore == []
+    assert left == {H200.uuid: "limit changed by someone else to 450 W"}
+    assert gpu.undo_plan([capped], [], {}) == ([], {})  # not a GPU this cap targets
+
+
+def test_a_retry_keeps_the_previous_limit_only_of_gpus_still_at_the_earlier_cap() -> None:
+    earlier = {
+        "maybe_applied": True,
+        "gpus": [{"uuid": H200.uuid, "previous_limit": 600.0, "set_limit": 450.0}],
+    }
+    assert gpu.kept_previous(earlier, [H200]) == {H200.uuid: 600.0}
+    moved = dataclasses.replace(H200, limit=500.0)  # changed since: read it as it is now
+    assert gpu.kept_previous(earlier, [moved]) == {}
+    assert gpu.kept_previous({"gpus": earlier["gpus"]}, [H200]) == {}  # a success: not a retry
 
 
 def test_watts_are_passed_to_nvidia_smi_without_needless_decimals() -> None:
