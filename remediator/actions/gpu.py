@@ -362,6 +362,7 @@ class PowerCapAction(actions.Action[PowerCapParams]):
     description: ClassVar[str] = "Cap GPU power limits with nvidia-smi -pl; undo restores them."
     params_model = PowerCapParams
     supports_undo: ClassVar[bool] = True
+    observable: ClassVar[bool] = True
 
     async def _plan(
         self, ctx: actions.ActionContext, params: PowerCapParams
@@ -481,6 +482,39 @@ class PowerCapAction(actions.Action[PowerCapParams]):
             "left_alone": left_alone,
             "event": event,
         }
+
+    async def observe(
+        self, ctx: actions.ActionContext, params: PowerCapParams
+    ) -> actions.Observation:
+        """Present while any GPU the cap targeted is still at the limit it set (the undo can
+        restore it); gone when every one is back at its previous (or default) limit."""
+        node, driver = await find_driver(ctx, params)
+        current = await query(ctx, driver, params.exec_timeout_seconds)
+        targets = cap_targets(ctx, params, current)
+        applied = list(ctx.applied_output.get("gpus") or []) or [{"uuid": u} for u in targets]
+        by_uuid = {g.uuid: g for g in current}
+        ours, back, other = [], [], []
+        for record in applied:
+            gpu = by_uuid.get(str(record.get("uuid")))
+            if gpu is None:
+                continue
+            written = record.get("set_limit", targets.get(gpu.uuid))
+            previous = record.get("previous_limit")
+            before = float(previous if previous is not None else gpu.default)
+            shown = f"GPU {gpu.uuid} at {gpu.limit:g} W"
+            if written is not None and abs(gpu.limit - float(written)) <= TOLERANCE_W:
+                ours.append(f"{shown} (capped from {before:g} W)")
+            elif abs(gpu.limit - before) <= TOLERANCE_W:
+                back.append(shown)
+            else:
+                other.append(f"{shown} (the cap set {written} W)")
+        if ours:
+            presence, found = actions.Presence.PRESENT, ours
+        elif other:
+            presence, found = actions.Presence.CHANGED, other
+        else:
+            presence, found = actions.Presence.GONE, back or ["no capped GPU reported"]
+        return actions.Observation(presence, f"node {node.name}: {'; '.join(found)}")
 
     def describe(self, params: PowerCapParams) -> str:
         target = (

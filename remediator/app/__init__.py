@@ -526,6 +526,10 @@ async def expire_approvals_forever(components: Components) -> None:
     """One singleton loop: expire waiting approvals (safe on several replicas: the expiry is a
     guarded transition, a second replica finds nothing left to expire)."""
     while True:
-        with contextlib.suppress(errors.StoreUnavailable):
+        try:
             await components.expire_approvals()
+        except errors.StoreUnavailable:
+            pass
+        except Exception:
+            logger.exception("approval expiry pass failed; the next pass tries again")
         await asyncio.sleep(components.settings.approval_expiry_interval)

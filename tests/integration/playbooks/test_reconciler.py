@@ -228,3 +228,37 @@ async def set_faults(sim: testing.RunningSim, body: dict[str, object]) -> None:
         http.put(f"{sim.url}/sim/v1/faults", json=body) as response,
     ):
         assert response.status == 200
+
+
+async def test_a_power_cap_its_undo_could_not_restore_is_restored_once_the_gpu_answers(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, clock: Any
+) -> None:
+    kubernetes = {"mode": "url", "url": sim.url, "token": sim.token, "retry_max_seconds": 0.2}
+    h = await gpu_harness(kubernetes=kubernetes)
+    gpu = sim.gpu(HOT_NODE, 0)
+    await post(h, fixture("GPUTemperatureCritical-firing-1alerts"))
+    detail = await only_run(h, playbook="gpu-temperature-critical")
+    assert gpu.power_limit < gpu.default_limit
+    capped = gpu.power_limit
+    driver = sim.driver_pod(HOT_NODE)["metadata"]["name"]
+    exec_path = f"/api/v1/namespaces/gpu-operator/pods/{driver}/exec"
+    await set_faults(sim, {"rules": [{"path_prefix": exec_path, "drop_websocket_rate": 1.0}]})
+    await post(h, fixture("GPUTemperatureCritical-resolved-1alerts"))
+    [undo] = await undo_ended(h, clock, 1)
+    assert statuses(undo)["undo-power-cap"] == "failed"
+    assert gpu.power_limit == capped
+
+    found = await h.components.reconcile()  # nvidia-smi still cannot be reached
+    assert found.verdicts == []
+    assert any("power" in e or "exec" in e or "nvidia-smi" in e for e in found.errors)
+
+    await set_faults(sim, {"rules": []})
+    [verdict] = (await h.components.reconcile()).verdicts
+    assert verdict.resolution == "undo-planned"
+    assert verdict.entry.step.id == step(detail, "power-cap")["id"]
+    assert f"at {capped:g} W (capped from {gpu.default_limit:g} W)" in verdict.observation.detail
+    await h.settle()
+    _, again = await undo_ended(h, clock, 2)
+    assert again["status"] == "succeeded", statuses(again)
+    assert gpu.power_limit == gpu.default_limit
+    assert (await h.components.reconcile()).verdicts == []
