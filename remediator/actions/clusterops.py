@@ -131,9 +131,12 @@ def taint_dict(taint: port.Taint) -> dict[str, Any]:
 
 
 async def other_holders(ctx: actions.ActionContext, node: str) -> list[Any]:
-    """Other active runs holding ``node``, if the engine offers ``services['node_holders']``.
+    """Other active runs holding ``node``'s lock: the engine offers
+    ``services['node_holders']`` to every step it runs (read from the store's locks when asked).
+    A second line of defence behind the lock itself: a step of a run that does not hold the
+    node (not exclusive, or acting on another node than its run's) finds the holder here.
 
-    Without it, the engine's per-node lock (one active run per node) is the guarantee.
+    A context built without the engine (a preview) has no holders to ask.
     """
     holders = ctx.services.get("node_holders")
     if holders is None:

@@ -35,6 +35,7 @@ from remediator.engine import (
     executor,
     guarding,
     lifecycle,
+    planning,
     previewing,
     reconciler,
     worker,
@@ -221,6 +222,7 @@ class Components:
                 comment=comment,
                 registry=self.registry,
                 report=report,
+                forbid_alert_sender=self.settings.approval_forbid_alert_sender,
             )
 
         moved = await self.store.run("approval", work)
@@ -242,7 +244,9 @@ class Components:
         principal: domain_auth.Principal,
         dry_run: bool = False,
     ) -> dict[str, Any]:
-        """Start a manual runbook; the run and its ``run.created`` event name the principal."""
+        """Start a manual runbook; the run and its ``run.created`` event name the principal.
+        The run's node is its one target: ``node`` or ``params.node``, which must agree."""
+        node = planning.manual_target(node, params)
 
         def work(tx: store.SqlTx) -> int:
             return lifecycle.create_manual_run(

@@ -132,6 +132,11 @@ class Settings(pydantic_settings.BaseSettings):
     approval_expiry_interval: float = pydantic.Field(
         default=30.0, gt=0, description="Seconds between checks for expired approvals."
     )
+    approval_forbid_alert_sender: bool = pydantic.Field(
+        default=True,
+        description="The principal whose token delivered the alert that started a run cannot "
+        "approve that run's steps (403); another principal must.",
+    )
     reconcile_interval: float = pydantic.Field(
         default=300.0,
         gt=0,

@@ -11,6 +11,11 @@ transition it may cause, so:
   (the losers see a step that is no longer waiting: ``Conflict``);
 - one rejection rejects the run;
 - the principal who triggered a manual run cannot approve its steps (they may reject them);
+- with ``approval_forbid_alert_sender`` (the default), neither can the principal whose token
+  delivered the alert that started a run (the episode's first delivery): a token that may both
+  send alerts and approve cannot start a disruptive run and wave it through. Without a tokens
+  file every caller is ``anonymous`` and the rule has no one to tell apart; a delivery deleted
+  by retention leaves no sender to compare;
 - a step that waited longer than the configured timeout expires with the configured outcome
   (``reject`` or ``cancel``), decided by the engine and audited as such.
 
@@ -48,6 +53,10 @@ class ApprovalTx(store.Tx, Protocol):
     def approvals_of(self, step_id: int) -> list[dict[str, Any]]: ...
 
     def steps_waiting_since(self, cutoff: dt.datetime, limit: int) -> list[records.Step]: ...
+
+    def alert_sender(self, episode_id: int) -> str | None:
+        """The principal whose delivery started the episode (None: unknown or deleted)."""
+        ...
 
 
 def approvers(decisions: list[dict[str, Any]]) -> list[str]:

@@ -54,6 +54,17 @@ class Services:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     silencer: silences.Silencer | None = None
 
+    async def node_holders(self, node: str) -> list[int]:
+        """The runs holding ``node``'s lock, read when an action asks (``node_holders``)."""
+        key = lifecycle.node_lock_key(node)
+        holder = await self.store.run("node.holders", lambda tx: tx.lock_holder(key))
+        return [] if holder is None else [holder]
+
+    def for_actions(self) -> dict[str, Any]:
+        """What ``ActionContext.services`` holds: the root's ``extra`` and the engine's own
+        ``node_holders`` (the uncordon action refuses a node another run holds)."""
+        return {**self.extra, "node_holders": self.node_holders}
+
 
 _Result = transitions.Result
 
@@ -155,7 +166,7 @@ class StepRunner:
             now=self.services.clock,
             notifier=self.services.notifier,
             cluster=self.services.cluster,
-            services=self.services.extra,
+            services=self.services.for_actions(),
             progress=report,
             applied_output=applied,
         )

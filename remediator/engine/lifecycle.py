@@ -32,13 +32,15 @@ import datetime as dt
 import logging
 from collections.abc import Iterable
 
-from remediator.domain import alerts, errors, guards, playbooks, records, runs, transitions
+from remediator.domain import alerts, auth, errors, guards, playbooks, records, runs, transitions
 from remediator.engine import approvals, planning
 from remediator.ports import actions, store
 
 logger = logging.getLogger("remediator.engine")
 
 ENGINE = transitions.ENGINE
+#: Every caller without a tokens file: the alert-sender rule cannot tell them apart.
+ANONYMOUS = auth.ANONYMOUS_ADMIN.name
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -290,12 +292,17 @@ def undo_again(tx: store.Tx, run: records.Run, steps: list[records.Step]) -> int
     return tx.insert_run(again, actor="reconciler")
 
 
+def node_lock_key(node: str) -> str:
+    """The lock an exclusive run holds on its node while it is active."""
+    return f"node:{node}"
+
+
 def start_run(
     tx: store.Tx, run: records.Run, *, concurrency: int, report: Report | None = None
 ) -> bool:
     taken: list[str] = []
     if run.exclusive and run.node:
-        key = f"node:{run.node}"
+        key = node_lock_key(run.node)
         if not tx.try_lock(key, run_id=run.id, expires_at=None):
             return False
         taken.append(key)
@@ -599,6 +606,7 @@ def decide_approval(
     comment: str,
     registry: actions.Registry | None = None,
     report: Report | None = None,
+    forbid_alert_sender: bool = True,
 ) -> records.Step:
     """Record ``principal``'s decision on a waiting step (see ``engine.approvals``).
 
@@ -612,8 +620,8 @@ def decide_approval(
         raise errors.Conflict(f"step {step_id} is {step.status.value}, not waiting for approval")
     run = tx.get_run(step.run_id)
     assert run is not None
-    if approve and run.kind is runs.RunKind.MANUAL and run.principal == principal:
-        raise errors.Forbidden(f"{principal} triggered run {run.id} and cannot approve it")
+    if approve:
+        _check_separation(tx, run, principal, forbid_alert_sender=forbid_alert_sender)
     decision = approvals.Decision.APPROVED if approve else approvals.Decision.REJECTED
     if not tx.add_approval(step_id, principal=principal, decision=decision, comment=comment):
         raise errors.Conflict(f"{principal} already decided on step {step_id}")
@@ -650,6 +658,22 @@ def decide_approval(
     )
     tx.apply(transitions.move_run(run, runs.RunStatus.RUNNING, actor=principal, reason=comment))
     return moved
+
+
+def _check_separation(
+    tx: approvals.ApprovalTx, run: records.Run, principal: str, *, forbid_alert_sender: bool
+) -> None:
+    """Who started a run does not approve it: the operator who triggered a manual run, and
+    (``forbid_alert_sender``) the principal whose token delivered the alert behind it."""
+    if run.kind is runs.RunKind.MANUAL and run.principal == principal:
+        raise errors.Forbidden(f"{principal} triggered run {run.id} and cannot approve it")
+    if not forbid_alert_sender or run.episode_id is None or principal == ANONYMOUS:
+        return
+    if tx.alert_sender(run.episode_id) == principal:
+        raise errors.Forbidden(
+            f"{principal} delivered the alert that started run {run.id} and cannot approve "
+            "its steps (separation of duties: another operator approves)"
+        )
 
 
 def _reject(

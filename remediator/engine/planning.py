@@ -4,6 +4,11 @@ Planning happens once, when the run is created: templates are rendered with the 
 and every step's params are validated by its action's own model. A run that cannot be planned
 (no node in the labels, a template without a value, a param the action refuses) is recorded as
 a failed run with the reason, so the audit trail shows the alert was seen and why nothing ran.
+
+A manual run has one target: the node it locks, the guards count, the audit trail names and its
+steps act on (``params.node``) is one value (``manual_target``). A trigger naming two nodes is
+refused before anything is stored; a run holding one node while acting on another would slip
+past the lock of the run that holds the other.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Any
 
 import pydantic
 
-from remediator.domain import matching, playbooks, records, runs, templating
+from remediator.domain import errors, matching, playbooks, records, runs, templating
 from remediator.ports import actions
 
 
@@ -228,6 +233,7 @@ def plan_manual_run(
     dry_run: bool = False,
 ) -> records.NewRun:
     """A run an operator started by hand; ``params`` are already validated by the playbook."""
+    node = manual_target(node, params)
     target = Target(node=node, gpu=None)
     base = records.NewRun(
         playbook=playbook.name,
@@ -250,3 +256,29 @@ def plan_manual_run(
     except PlanningError as e:
         return dataclasses.replace(base, status=runs.RunStatus.FAILED, reason=str(e))
     return dataclasses.replace(base, steps=steps)
+
+
+def manual_target(node: str | None, params: Mapping[str, Any]) -> str | None:
+    """The node a manual run locks, is audited on and acts on: the trigger's ``node`` and the
+    runbook's ``node`` parameter, which must agree when both are given."""
+    given = params.get("node")
+    if given is None:
+        return node
+    if not isinstance(given, str):
+        message = "params.node must be a node name"
+        raise errors.ValidationFailed(
+            message, fields=[{"field": "params.node", "message": message}]
+        )
+    if node is not None and given != node:
+        message = (
+            f"node {node[:80]!r} and params.node {given[:80]!r} name different nodes: "
+            "give the node once, or the same node in both"
+        )
+        raise errors.ValidationFailed(
+            message,
+            fields=[
+                {"field": "node", "message": message},
+                {"field": "params.node", "message": message},
+            ],
+        )
+    return given

@@ -31,7 +31,7 @@ class Backend:
     store: Any  # MemoryStore or SqlStore: both implement ports.store.Store
     clock: FakeClock
 
-    async def receive(self, body: bytes) -> None:
+    async def receive(self, body: bytes, *, principal: str | None = None) -> None:
         raise NotImplementedError
 
     async def events(self) -> list[dict[str, Any]]:
@@ -46,8 +46,8 @@ class Backend:
 
 
 class MemoryBackend(Backend):
-    async def receive(self, body: bytes) -> None:
-        await self.store.receive(alerts.parse_payload(body))
+    async def receive(self, body: bytes, *, principal: str | None = None) -> None:
+        await self.store.receive(alerts.parse_payload(body), principal=principal)
 
     async def events(self) -> list[dict[str, Any]]:
         return [dataclasses.asdict(event) for event in self.store.events()]
@@ -62,9 +62,12 @@ class SqlBackend(Backend):
     writer: intake.IntakeWriter = dataclasses.field(kw_only=True)
     writing: asyncio.Task[None] = dataclasses.field(kw_only=True)
 
-    async def receive(self, body: bytes) -> None:
+    async def receive(self, body: bytes, *, principal: str | None = None) -> None:
         delivery = intake.Delivery(
-            payload=alerts.parse_payload(body), body=body.decode(), principal=None, remote=None
+            payload=alerts.parse_payload(body),
+            body=body.decode(),
+            principal=principal,
+            remote=None,
         )
         await self.writer.store(delivery)
 

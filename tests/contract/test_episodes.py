@@ -62,3 +62,15 @@ async def test_unhandled_episodes_come_oldest_first_up_to_the_limit(backend):
         backend, lambda tx: [e.fingerprint for e in tx.lock_unhandled_episodes(2)]
     ) == ["f0", "f1"]
     assert await run(backend, lambda tx: tx.get_episode(999)) is None
+
+
+async def test_the_alert_sender_is_the_principal_of_the_episodes_first_delivery(backend):
+    await backend.receive(alert_body(node=NODE, fingerprint="f1"), principal="am-primary")
+    await backend.receive(alert_body(node=NODE, fingerprint="f1"), principal="am-secondary")
+    await backend.receive(alert_body(node=NODE, fingerprint="f2"))
+    episodes = await run(
+        backend, lambda tx: {e.fingerprint: e.id for e in tx.lock_unhandled_episodes(10)}
+    )
+    assert await run(backend, lambda tx: tx.alert_sender(episodes["f1"])) == "am-primary"
+    assert await run(backend, lambda tx: tx.alert_sender(episodes["f2"])) is None
+    assert await run(backend, lambda tx: tx.alert_sender(10**6)) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from remediator.domain import runs, transitions
 from tests.contract.plans import alert_run, run
 
 
@@ -76,3 +77,25 @@ async def test_releasing_a_runs_locks_keeps_its_expiring_ones_and_other_runs_loc
         "cooldown:reboot:gpu-node-03",
         "slot:drain:0",
     }
+
+
+async def test_the_lock_holder_is_the_active_run_holding_the_key(backend):
+    _, holder = await alert_run(backend)
+    until = backend.clock.now + dt.timedelta(minutes=10)
+
+    def take(tx):
+        tx.try_lock("node:gpu-node-03", run_id=holder, expires_at=None)
+        tx.try_lock("cooldown:reboot:gpu-node-03", run_id=None, expires_at=until)
+
+    await run(backend, take)
+    assert await run(backend, lambda tx: tx.lock_holder("node:gpu-node-03")) == holder
+    assert await run(backend, lambda tx: tx.lock_holder("node:gpu-node-0")) is None  # exact key
+    assert await run(backend, lambda tx: tx.lock_holder("cooldown:reboot:gpu-node-03")) is None
+    assert await run(backend, lambda tx: tx.lock_holder("node:gpu-node-04")) is None
+
+    def end(tx):
+        current = tx.get_run(holder)
+        tx.apply(transitions.move_run(current, runs.RunStatus.CANCELLED, reason="done"))
+
+    await run(backend, end)  # a lock left behind by an ended run holds nothing
+    assert await run(backend, lambda tx: tx.lock_holder("node:gpu-node-03")) is None

@@ -163,7 +163,7 @@ async def test_a_run_the_database_refuses_gets_400_not_503(make_harness, monkeyp
     assert "the database refuses a value" in error["message"]
     assert "value too long" in error["message"]
     assert await h.runs() == []
-    response = await h.client.post(url, json={"params": {"node": "gpu-node-07"}})
+    response = await h.client.post(url, json={"params": {"node": "gpunode"}})
     assert response.status == 201, await response.text()
 
 

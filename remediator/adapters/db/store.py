@@ -783,6 +783,16 @@ class SqlTx:
         query = sa.select(AP).where(AP.c.step_id == step_id).order_by(AP.c.id)
         return [dict(row._mapping) for row in self.conn.execute(query)]
 
+    def alert_sender(self, episode_id: int) -> str | None:
+        """The principal whose delivery started the episode (None: unknown or deleted)."""
+        query = (
+            sa.select(tables.deliveries.c.principal)
+            .join(E, E.c.first_delivery_id == tables.deliveries.c.id)
+            .where(E.c.id == episode_id)
+        )
+        sender: str | None = self.conn.execute(query).scalar_one_or_none()
+        return sender
+
     def steps_waiting_since(self, cutoff: dt.datetime, limit: int) -> list[records.Step]:
         """Steps waiting for approval whose run has waited since ``cutoff`` or earlier (the
         run's ``updated_at`` is the moment it parked: nothing else moves a waiting run)."""
@@ -826,3 +836,17 @@ class SqlTx:
             sa.or_(L.c.expires_at.is_(None), L.c.expires_at > self.now),
         )
         return {row.key for row in self.conn.execute(query)}
+
+    def lock_holder(self, key: str) -> int | None:
+        """The active run holding the live lock ``key``."""
+        query = (
+            sa.select(L.c.run_id)
+            .join(R, R.c.id == L.c.run_id)
+            .where(
+                L.c.key == key,
+                sa.or_(L.c.expires_at.is_(None), L.c.expires_at > self.now),
+                R.c.status.in_([status.value for status in runs.RUN_ACTIVE]),
+            )
+        )
+        holder: int | None = self.conn.execute(query).scalar_one_or_none()
+        return holder

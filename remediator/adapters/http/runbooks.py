@@ -5,6 +5,10 @@
 - ``GET /api/v1/runbooks``: manual playbooks with their parameters;
 - ``POST /api/v1/runbooks/{playbook}/runs``: start one for a node, parameters validated by the
   playbook; the run records the principal who triggered it.
+
+A run has one target node: the body's ``node`` and the runbook's ``node`` parameter name the
+same node, or only one of them is given and stands for both (the run locks, is audited on and
+acts on it). Two different nodes are refused naming both.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from aiohttp import web
 from remediator.adapters.db import database, queries
 from remediator.adapters.http import auth as http_auth
 from remediator.domain import auth, errors, playbooks
+from remediator.engine import planning
 
 NODE_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
@@ -30,7 +35,10 @@ class TriggerBody(pydantic.BaseModel):
 
     model_config = pydantic.ConfigDict(extra="forbid")
     node: str | None = pydantic.Field(
-        default=None, pattern=NODE_NAME, description="Node the runbook acts on."
+        default=None,
+        pattern=NODE_NAME,
+        description="Node the run holds and acts on; fills the runbook's `node` parameter, "
+        "which, if given too, must name the same node.",
     )
     selector: str | None = pydantic.Field(
         default=None,
@@ -142,13 +150,13 @@ async def trigger_runbook(request: web.Request) -> web.Response:
             request,
             principal,
             name=name,
-            node=body.node or _node_param(body.params),
+            node=body.node,
             params=body.params,
             dry_run=body.dryRun,
         )
         return web.json_response(result, status=201)
-    if body.node is not None:
-        raise errors.ValidationFailed("give node or selector, not both")
+    if body.node is not None or "node" in body.params:
+        raise errors.ValidationFailed("give node (or params.node) or selector, not both")
     nodes = await request.app[RUNBOOKS].select_nodes(body.selector)
     if not nodes:
         raise errors.ValidationFailed(f"no GPU node matches {body.selector!r}")
@@ -166,12 +174,6 @@ async def trigger_runbook(request: web.Request) -> web.Response:
     return web.json_response({"selector": body.selector, "runs": started}, status=201)
 
 
-def _node_param(params: dict[str, Any]) -> str | None:
-    """A runbook's own `node` parameter names the node its run holds."""
-    node = params.get("node")
-    return node if isinstance(node, str) and re.fullmatch(NODE_NAME, node) else None
-
-
 async def start_runbook(
     request: web.Request,
     principal: auth.Principal,
@@ -185,16 +187,28 @@ async def start_runbook(
     playbook = deps.rules.index.get(name)
     if playbook is None or not playbook.manual:
         raise errors.NotFound(f"no manual runbook {name!r}")
-    if node is not None and not re.fullmatch(NODE_NAME, node):  # the form's node is free text
-        message = f"{node[:80]!r} is not a Kubernetes node name (a DNS-1123 subdomain)"
-        raise errors.ValidationFailed(message, fields=[{"field": "node", "message": message}])
+    if node is not None:  # the form's node is free text
+        _check_node_name(node, field="node")
+    planning.manual_target(node, params)  # refuses two different nodes
+    if node is not None and "node" in playbook.parameters:
+        params = {**params, "node": node}
     values, problems = playbooks.validate_parameters(playbook.parameters, params)
     if problems:
         raise errors.ValidationFailed("invalid parameters", fields=problems)
+    target = values.get("node", node) if "node" in playbook.parameters else node
+    if target is not None:
+        _check_node_name(target, field="params.node" if node is None else "node")
     result: dict[str, Any] = await deps.trigger(
-        playbook=playbook, node=node, params=values, principal=principal, dry_run=dry_run
+        playbook=playbook, node=target, params=values, principal=principal, dry_run=dry_run
     )
     return result
+
+
+def _check_node_name(node: object, *, field: str) -> None:
+    if isinstance(node, str) and re.fullmatch(NODE_NAME, node):
+        return
+    message = f"{str(node)[:80]!r} is not a Kubernetes node name (a DNS-1123 subdomain)"
+    raise errors.ValidationFailed(message, fields=[{"field": field, "message": message}])
 
 
 def add_routes(app: web.Application) -> None:

@@ -138,6 +138,13 @@ class FleetTx(transaction.Transaction):
     def approvals_of(self, step_id: int) -> list[dict[str, Any]]:
         return [a.as_dict() for a in self.tables.approvals.values() if a.step_id == step_id]
 
+    def alert_sender(self, episode_id: int) -> str | None:
+        """The principal whose delivery started the episode (None: unknown)."""
+        episode = self.tables.episodes.get(episode_id)
+        if episode is None or episode.first_delivery_id is None:
+            return None
+        return self.tables.deliveries.get(episode.first_delivery_id)
+
     def steps_waiting_since(self, cutoff: dt.datetime, limit: int) -> list[records.Step]:
         """Steps waiting for approval whose run has waited since ``cutoff`` or earlier."""
         t, until = self.tables, tables.utc_now(cutoff)
@@ -193,3 +200,13 @@ class FleetTx(transaction.Transaction):
             for key, lock in self.tables.locks.items()
             if key.startswith(prefix) and (lock.expires_at is None or lock.expires_at > self.now)
         }
+
+    def lock_holder(self, key: str) -> int | None:
+        """The active run holding the live lock ``key``."""
+        lock = self.tables.locks.get(key)
+        if lock is None or lock.run_id is None:
+            return None
+        if lock.expires_at is not None and lock.expires_at <= self.now:
+            return None
+        run = self.tables.runs.get(lock.run_id)
+        return lock.run_id if run is not None and run.status in runs.RUN_ACTIVE else None

@@ -68,12 +68,12 @@ class MemoryStore:
         finally:
             tx.close()
 
-    async def receive(self, payload: alerts.WebhookPayload) -> int:
-        """Store a delivery's alerts as intake does; returns how many episodes changed (new
-        ones, and firing ones a resolved status ended)."""
+    async def receive(self, payload: alerts.WebhookPayload, *, principal: str | None = None) -> int:
+        """Store a delivery's alerts as intake does (``principal`` sent it); returns how many
+        episodes changed (new ones, and firing ones a resolved status ended)."""
 
         def work(tx: MemoryTx) -> int:
-            delivery_id = tx.next_id("deliveries")
+            delivery_id = tx.store_delivery(principal)
             changed = {
                 (alert.fingerprint, alert.starts_at)
                 for alert in payload.alerts
@@ -122,6 +122,12 @@ class MemoryTx(fleet.FleetTx):
     def get_episode(self, episode_id: int) -> records.Episode | None:
         episode = self.tables.episodes.get(episode_id)
         return tables.detached_episode(episode) if episode else None
+
+    def store_delivery(self, principal: str | None) -> int:
+        """A new delivery's id; who sent it is kept (its body is not)."""
+        delivery_id = self.next_id("deliveries")
+        self._own("deliveries", self.tables.deliveries)[delivery_id] = principal
+        return delivery_id
 
     def store_alert(
         self, alert: alerts.Alert, *, delivery_id: int | None

@@ -70,6 +70,8 @@ class Tables:
     back drops it.
     """
 
+    #: Who sent each delivery (``deliveries.principal``); bodies are not kept.
+    deliveries: dict[int, str | None] = dataclasses.field(default_factory=dict)
     episodes: dict[int, records.Episode] = dataclasses.field(default_factory=dict)
     episode_keys: dict[tuple[str, dt.datetime], int] = dataclasses.field(default_factory=dict)
     runs: dict[int, records.Run] = dataclasses.field(default_factory=dict)

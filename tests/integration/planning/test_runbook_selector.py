@@ -86,14 +86,13 @@ async def test_a_node_with_a_line_end_is_refused_naming_the_field(make_harness, 
         error = (await response.json())["error"]
         assert error["code"] == "invalid"
         assert [f["field"] for f in error["fields"]] == [field]
-    assert await h.runs() == []
-    # A parameter without a pattern of its own is checked by the action it is passed to: the
-    # run is created failed, naming the param, and never reaches the cluster.
+    # A node parameter without a pattern of its own is the run's node all the same: checked
+    # as one before anything is stored.
     response = await h.client.post(
         "/api/v1/runbooks/check-any/runs", json={"params": {"node": node}}
     )
-    assert response.status == 201, await response.text()
-    await h.settle()
-    [run] = await h.runs()
-    assert run["status"] == "failed"
-    assert f"invalid params: node: Value error, {node!r} is not a valid DNS-1123" in run["reason"]
+    assert response.status == 400, await response.text()
+    error = (await response.json())["error"]
+    assert [f["field"] for f in error["fields"]] == ["params.node"]
+    assert "is not a Kubernetes node name" in error["message"]
+    assert await h.runs() == []
