@@ -297,12 +297,23 @@ def node_lock_key(node: str) -> str:
     return f"node:{node}"
 
 
+def gpu_lock_key(node: str, gpu: str) -> str:
+    """The lock a run on one GPU holds while it is active (runs on a GPU never overlap: a
+    power cap and the undo of an earlier one would both read the same limit)."""
+    return f"gpu:{node}/{gpu}"
+
+
 def start_run(
     tx: store.Tx, run: records.Run, *, concurrency: int, report: Report | None = None
 ) -> bool:
     taken: list[str] = []
     if run.exclusive and run.node:
         key = node_lock_key(run.node)
+        if not tx.try_lock(key, run_id=run.id, expires_at=None):
+            return False
+        taken.append(key)
+    elif run.node and run.gpu:
+        key = gpu_lock_key(run.node, run.gpu)
         if not tx.try_lock(key, run_id=run.id, expires_at=None):
             return False
         taken.append(key)

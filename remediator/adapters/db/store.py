@@ -185,13 +185,20 @@ def _expired_leases(now: Any) -> Any:
 
 
 def _startable_runs() -> Any:
-    """Pending runs whose node is not held by another run (no point trying those)."""
+    """Pending runs whose node (exclusive runs) or GPU (other runs on one GPU) is not held by
+    another run (no point trying those)."""
     held = sa.exists(
         sa.select(L.c.key).where(L.c.key == sa.literal("node:") + R.c.node, L.c.run_id != R.c.id)
     )
+    gpu_key = sa.literal("gpu:") + R.c.node + sa.literal("/") + R.c.gpu
+    gpu_held = sa.exists(sa.select(L.c.key).where(L.c.key == gpu_key, L.c.run_id != R.c.id))
     return sa.and_(
         R.c.status == runs.RunStatus.PENDING.value,
-        sa.or_(R.c.node.is_(None), R.c.exclusive.is_(False), ~held),
+        sa.or_(
+            R.c.node.is_(None),
+            sa.and_(R.c.exclusive.is_(True), ~held),
+            sa.and_(R.c.exclusive.is_(False), sa.or_(R.c.gpu.is_(None), ~gpu_held)),
+        ),
     )
 
 

@@ -45,12 +45,23 @@ def _node_held_by_another(t: tables.Tables, run: records.Run) -> bool:
     return lock is not None and lock.run_id is not None and lock.run_id != run.id
 
 
+def _gpu_held_by_another(t: tables.Tables, run: records.Run) -> bool:
+    lock = t.locks.get(f"gpu:{run.node}/{run.gpu}")
+    return lock is not None and lock.run_id is not None and lock.run_id != run.id
+
+
 def startable_runs(t: tables.Tables) -> Iterator[records.Run]:
-    """Pending runs whose node is not held by another run (by id)."""
+    """Pending runs whose node (exclusive runs) or GPU (other runs on one GPU) is not held by
+    another run (by id)."""
     for run in t.runs.values():
         if run.status is not runs.RunStatus.PENDING:
             continue
-        if run.node is None or not run.exclusive or not _node_held_by_another(t, run):
+        if run.node is None:
+            yield run
+        elif run.exclusive:
+            if not _node_held_by_another(t, run):
+                yield run
+        elif run.gpu is None or not _gpu_held_by_another(t, run):
             yield run
 
 

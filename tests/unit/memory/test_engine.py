@@ -326,3 +326,35 @@ async def test_a_cooldown_outlives_a_resolution_that_keeps_the_fix(make_engine):
         notice["data"]["reason"]
         == "playbook cooling is cooling down on node gpu-node-03, GPU GPU-1"
     )
+
+
+ON_ONE_GPU = """
+name: on-one-gpu
+match: {alertname: GPUTemperatureHigh}
+exclusive: false
+steps:
+  - {id: hold, action: test.gate, params: {label: hold}}
+"""
+
+
+async def test_runs_on_the_same_gpu_never_overlap(make_engine):
+    h = make_engine(ON_ONE_GPU)
+    gpu = "GPU-00000000-0000-0000-0000-000000000001"
+    for fingerprint, on in (("a", gpu), ("b", gpu), ("c", "GPU-other")):
+        body = alert_body(alertname="GPUTemperatureHigh", gpu=on, fingerprint=fingerprint)
+        await h.store.receive(alerts.parse_payload(body))
+    while len(h.gate.applied) < 1 and not h.gate.entered.is_set():
+        await h.engine.tick()
+        await asyncio.sleep(0)
+    for _ in range(5):
+        await h.engine.tick()
+        await asyncio.sleep(0)
+    first, second, other = h.runs()
+    assert first.gpu == second.gpu == gpu
+    assert first.status is runs.RunStatus.RUNNING
+    assert second.status is runs.RunStatus.PENDING  # waits for the GPU, not for the node
+    assert other.status is runs.RunStatus.RUNNING  # another GPU of the same node goes on
+    h.gate.gate.set()
+    await h.settle()
+    assert [run.status for run in h.runs()] == [runs.RunStatus.SUCCEEDED] * 3
+    assert h.gate.applied == ["hold"] * 3
