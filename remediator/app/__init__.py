@@ -20,7 +20,7 @@ from remediator import actions as builtin_actions
 from remediator.adapters import alertmanager, files, kubernetes, leader, metrics, notify
 from remediator.adapters.db import audit as db_audit
 from remediator.adapters.db import database, intake, migrate, queries, retention, store
-from remediator.adapters.http import api, auth, health, openapi, pages, runbooks
+from remediator.adapters.http import api, auth, health, hygiene, openapi, pages, runbooks
 from remediator.adapters.http import audit as http_audit
 from remediator.adapters.http import errors as http_errors
 from remediator.adapters.http import guards as guards_http
@@ -356,9 +356,15 @@ def create_app(
     components.rules.reload()
     components.metrics.playbooks_loaded.set(len(components.rules.index))
     app = web.Application(
-        middlewares=[http_errors.error_middleware],
+        middlewares=[hygiene.middleware, http_errors.error_middleware],
         client_max_size=settings.max_body_bytes + 1,
     )
+    app[hygiene.LIMITS] = hygiene.Limits(
+        body_read_timeout=settings.body_read_timeout,
+        max_body_bytes=settings.max_body_bytes,
+        external_url=str(settings.external_url) if settings.external_url else None,
+    )
+    app.on_response_prepare.append(hygiene.name_server)
     app[COMPONENTS] = components
     app[FAILED] = []
     app[STOPPING] = []

@@ -55,7 +55,22 @@ class Settings(pydantic_settings.BaseSettings):
         "one, remediator only listens on loopback and treats every caller as admin.",
     )
     max_body_bytes: int = pydantic.Field(
-        default=1024 * 1024, ge=1024, description="Largest accepted webhook body (413 above)."
+        default=1024 * 1024,
+        ge=1024,
+        description="Largest accepted webhook (and plan) body (413 above); forms and the "
+        "other JSON bodies take at most 64 KiB.",
+    )
+    body_read_timeout: float = pydantic.Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a client has to send a request body once its headers arrived "
+        "(408 after, and the connection is closed).",
+    )
+    external_url: pydantic.AnyHttpUrl | None = pydantic.Field(
+        default=None,
+        description="The URL browsers reach remediator at, e.g. behind a reverse proxy that "
+        "rewrites the Host header. Requests that change something are refused (403) when their "
+        "Origin is neither this URL's origin nor the Host they were sent to.",
     )
     retry_after_seconds: int = pydantic.Field(
         default=5, ge=1, description="Retry-After sent with 503 when the store is unavailable."

@@ -64,7 +64,10 @@ def parse_timestamp(value: object) -> dt.datetime:
         raise ValueError("timestamp needs a timezone")
     if stamp.year == 1:
         return ZERO_TIME
-    return stamp.astimezone(dt.UTC)
+    try:
+        return stamp.astimezone(dt.UTC)
+    except OverflowError:  # 9999-12-31T23:59:59-23:59 is past the year 9999 in UTC
+        raise ValueError("timestamp out of range in UTC") from None
 
 
 Timestamp = Annotated[dt.datetime, pydantic.BeforeValidator(parse_timestamp)]

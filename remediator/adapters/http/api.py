@@ -10,7 +10,7 @@ from aiohttp import web
 
 from remediator.adapters.db import queries
 from remediator.adapters.http import auth as http_auth
-from remediator.adapters.http import runbooks
+from remediator.adapters.http import hygiene, runbooks
 from remediator.domain import auth, errors
 
 
@@ -26,20 +26,24 @@ _ALERT_FILTERS = ("status", "alertname", "fingerprint")
 _RUN_FILTERS = ("status", "playbook", "node", "kind", "episode")
 
 
+MAX_LIMIT = 500
+
+
 def paging(request: web.Request) -> tuple[int, int | None]:
-    try:
-        limit = int(request.query.get("limit", "50"))
-        cursor_text = request.query.get("cursor")
-        cursor = int(cursor_text) if cursor_text else None
-    except ValueError:
+    """``limit`` (1-500, default 50) and ``cursor`` (an id: ASCII decimal within 63 bits)."""
+    limit_text = request.query.get("limit", "50")
+    limit = hygiene.parse_id(limit_text)
+    if limit is None or not 1 <= limit <= MAX_LIMIT:
         raise errors.ValidationFailed(
-            "limit and cursor must be integers",
-            fields=[{"field": "limit|cursor", "message": "not an integer"}],
-        ) from None
-    if not 1 <= limit <= 500:
+            f"limit must be an integer from 1 to {MAX_LIMIT}",
+            fields=[{"field": "limit", "message": "not an integer from 1 to 500"}],
+        )
+    cursor_text = request.query.get("cursor")
+    cursor = hygiene.parse_id(cursor_text) if cursor_text else None
+    if cursor_text and cursor is None:
         raise errors.ValidationFailed(
-            "limit must be between 1 and 500",
-            fields=[{"field": "limit", "message": "out of range"}],
+            "cursor must be the nextCursor of a previous page",
+            fields=[{"field": "cursor", "message": "not an id"}],
         )
     return limit, cursor
 
@@ -71,17 +75,21 @@ async def list_runs(request: web.Request) -> web.Response:
     http_auth.require(request, auth.Permission.READ)
     limit, cursor = paging(request)
     filters = _filters(request, _RUN_FILTERS)
-    if "episode" in filters and not filters["episode"].isdigit():
-        raise errors.ValidationFailed("episode must be an integer id")
+    if "episode" in filters and hygiene.parse_id(filters["episode"]) is None:
+        raise errors.ValidationFailed(
+            "episode must be an integer id",
+            fields=[{"field": "episode", "message": "not an id"}],
+        )
     page = await request.app[API].queries.runs(limit=limit, cursor=cursor, filters=filters)
     return _page_json(page)
 
 
 def int_param(request: web.Request, name: str) -> int:
-    value = request.match_info[name]
-    if not value.isdigit() or len(value) > 18:
-        raise errors.NotFound(f"{name} {value!r} not found")
-    return int(value)
+    """An id in the path: not found unless ASCII decimal within 63 bits."""
+    value = hygiene.parse_id(request.match_info[name])
+    if value is None:
+        raise errors.NotFound(f"{name} {request.match_info[name][:40]!r} not found")
+    return value
 
 
 async def get_run(request: web.Request) -> web.Response:

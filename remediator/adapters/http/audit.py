@@ -14,11 +14,12 @@ from typing import Any
 from aiohttp import web
 
 from remediator.adapters.db import audit as db_audit
-from remediator.adapters.http import api
+from remediator.adapters.http import api, hygiene
 from remediator.adapters.http import auth as http_auth
 from remediator.domain import audit, auth, errors
 
 EXPORT_FIELDS = (*audit.CONTENT_FIELDS, "prev_hash", "hash")
+MAX_ARTIFACT_PATH = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,15 +31,29 @@ class AuditDeps:
 AUDIT = web.AppKey("audit", AuditDeps)
 
 
+# Queries widen ``since`` and ``until`` by a few minutes: keep a day from the datetime limits.
+EARLIEST = dt.datetime(1, 1, 2, tzinfo=dt.UTC)
+LATEST = dt.datetime(9999, 12, 30, tzinfo=dt.UTC)
+
+
 def _time(name: str, value: str) -> dt.datetime:
+    def refuse(message: str) -> errors.ValidationFailed:
+        return errors.ValidationFailed(
+            f"{name} must be an ISO 8601 time {message}",
+            fields=[{"field": name, "message": message}],
+        )
+
     try:
         parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        parsed = parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed
+        parsed = parsed.astimezone(dt.UTC)
     except ValueError:
-        raise errors.ValidationFailed(
-            f"{name} must be an ISO 8601 time",
-            fields=[{"field": name, "message": "not an ISO 8601 time"}],
-        ) from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+        raise refuse("(e.g. 2026-01-31T12:00:00Z)") from None
+    except OverflowError:
+        raise refuse(f"between {EARLIEST.date()} and {LATEST.date()} in UTC") from None
+    if not EARLIEST <= parsed <= LATEST:
+        raise refuse(f"between {EARLIEST.date()} and {LATEST.date()} in UTC")
+    return parsed
 
 
 def parse_filters(
@@ -56,11 +71,12 @@ def parse_filters(
         if name in values:
             values[name] = _time(name, values[name])
     if "run" in values:
-        if not values["run"].isdigit() or len(values["run"]) > 18:
+        run = hygiene.parse_id(values["run"])
+        if run is None:
             raise errors.ValidationFailed(
                 "run must be an integer id", fields=[{"field": "run", "message": "not an id"}]
             )
-        values["run"] = int(values["run"])
+        values["run"] = run
     return db_audit.Filters(**values)
 
 
@@ -118,12 +134,15 @@ async def export_events(request: web.Request) -> web.StreamResponse:
             "Content-Disposition": f'attachment; filename="audit-events.{fmt}"',
         }
     )
+    batches = aiter(request.app[AUDIT].queries.stream_events(filters))
+    batch = await anext(batches, None)  # a failing query still gets its error status
     await response.prepare(request)
     first = True
-    async for batch in request.app[AUDIT].queries.stream_events(filters):
+    while batch is not None:
         chunk = _jsonl_rows(batch) if fmt == "jsonl" else _csv_rows(batch, header=first)
         await response.write(chunk)
         first = False
+        batch = await anext(batches, None)
     if first and fmt == "csv":
         await response.write(_csv_rows([], header=True))
     await response.write_eof()
@@ -150,9 +169,15 @@ def resolve_artifact(root: pathlib.Path, relative: str) -> pathlib.Path:
     parts = pathlib.PurePosixPath(relative).parts
     if not relative or relative.startswith("/") or "\\" in relative or ".." in parts:
         raise errors.NotFound("no such artifact")
-    base = root.resolve()
-    path = (base / relative).resolve()
-    if not path.is_relative_to(base) or not path.is_file():
+    if len(relative) > MAX_ARTIFACT_PATH or "\x00" in relative:
+        raise errors.NotFound("no such artifact")
+    try:
+        base = root.resolve()
+        path = (base / relative).resolve()
+        found = path.is_relative_to(base) and path.is_file()
+    except (OSError, ValueError):  # a name too long for the file system, or not encodable
+        found = False
+    if not found:
         raise errors.NotFound("no such artifact")
     return path
 

@@ -107,13 +107,17 @@ SESSIONS = web.AppKey("sessions", Sessions)
 
 def _credentials(request: web.Request) -> tuple[str | None, str] | None:
     header = request.headers.get("Authorization", "")
+    try:
+        header.encode("utf-8")  # bytes that were not UTF-8 arrive as lone surrogates
+    except UnicodeEncodeError:
+        return None
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return None, value.strip()
     if scheme.lower() == "basic" and value.strip():
         try:
             decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
+        except (binascii.Error, ValueError):  # not base64 (or not ASCII), or not UTF-8
             return None
         name, sep, secret = decoded.partition(":")
         return (name or None, secret) if sep else None

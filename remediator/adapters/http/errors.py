@@ -6,7 +6,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import http_exceptions, web
 
 from remediator.domain import errors
 
@@ -29,6 +29,25 @@ def error_response(
     return web.json_response({"error": body}, status=status, headers=headers)
 
 
+class Refused(Exception):
+    """A request refused at the door, with its own status and code (413, 415, 408, ...)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+# Client input that could not be decoded or parsed where no handler expected it: a 400, never
+# a 500 (Alertmanager retries a 5xx forever). Logged with its traceback all the same.
+CLIENT_INPUT_ERRORS = (
+    ValueError,
+    RecursionError,
+    OverflowError,
+    http_exceptions.HttpProcessingError,
+)
+
 _STATUS = {
     errors.ValidationFailed: 400,
     errors.NotFound: 404,
@@ -46,9 +65,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise
         code = e.reason.lower().replace(" ", "_")
         return error_response(e.status, code, e.text or e.reason, headers=_keep(e))
+    except Refused as e:
+        return error_response(e.status, e.code, e.message)
     except errors.StoreUnavailable as e:
+        logger.warning("%s %s: %s", request.method, request.path, e)
         retry_after = str(request.app.get(RETRY_AFTER, 5))
-        return error_response(503, e.code, str(e), headers={"Retry-After": retry_after})
+        message = "the database is unavailable; try again later"
+        return error_response(503, e.code, message, headers={"Retry-After": retry_after})
     except errors.RemediatorError as e:
         for cls, status in _STATUS.items():
             if isinstance(e, cls):
@@ -56,6 +79,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                 return error_response(status, e.code, str(e), fields=fields)
         logger.exception("unmapped error")
         return error_response(500, "internal", "internal error")
+    except CLIENT_INPUT_ERRORS:
+        logger.warning("undecodable input on %s %s", request.method, request.path, exc_info=True)
+        return error_response(400, "bad_request", "the request could not be decoded")
     except Exception:
         logger.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(500, "internal", "internal error")

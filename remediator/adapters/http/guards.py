@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from remediator.adapters.http import auth as http_auth
+from remediator.adapters.http import hygiene
 from remediator.domain import auth, errors
 
 
@@ -29,10 +29,7 @@ async def get_breaker(request: web.Request) -> web.Response:
 
 async def reset_breaker(request: web.Request) -> web.Response:
     principal = http_auth.require(request, auth.Permission.OPERATE)
-    try:
-        body = await request.json() if request.can_read_body else {}
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise errors.ValidationFailed('body must be JSON: {"comment": "..."}') from None
+    body = await hygiene.read_json(request)
     comment = body.get("comment") if isinstance(body, dict) else None
     if not isinstance(comment, str) or not comment.strip() or len(comment) > 4000:
         raise errors.ValidationFailed(

@@ -24,6 +24,7 @@ from aiohttp import web
 from remediator.adapters.db import intake
 from remediator.adapters.http import auth as http_auth
 from remediator.adapters.http import errors as http_errors
+from remediator.adapters.http import hygiene
 from remediator.adapters.metrics import Metrics
 from remediator.domain import alerts, auth, errors
 
@@ -62,19 +63,6 @@ def _unstorable(deps: IntakeDeps, count: int, problems: list[dict[str, str]]) ->
     )
 
 
-async def _read_limited(request: web.Request, limit: int) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = await request.content.read(65536)
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-
-
 async def post_alerts(request: web.Request) -> web.Response:
     deps = request.app[INTAKE]
     try:
@@ -84,18 +72,11 @@ async def post_alerts(request: web.Request) -> web.Response:
             reason="unauthorized" if e.status == 401 else "forbidden"
         ).inc()
         raise
-    if request.content_type != "application/json":
-        return _reject(
-            deps,
-            415,
-            "unsupported_media_type",
-            f"expected Content-Type application/json, got {request.content_type or 'none'}",
-        )
-    if request.content_length is not None and request.content_length > deps.max_body_bytes:
-        return _reject(deps, 413, "too_large", f"body above {deps.max_body_bytes} bytes")
-    body = await _read_limited(request, deps.max_body_bytes)
-    if body is None:
-        return _reject(deps, 413, "too_large", f"body above {deps.max_body_bytes} bytes")
+    try:
+        hygiene.require_type(request, hygiene.JSON)
+        body = await hygiene.read_body(request, limit=deps.max_body_bytes)
+    except http_errors.Refused as e:  # 415, 413 or 408
+        return _reject(deps, e.status, e.code, e.message)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -5,8 +5,8 @@
 - Sign-in with a token (or HTTP Basic, or the trusted proxy's header) into a signed session
   cookie: HttpOnly, SameSite=Strict, Secure over TLS (or as configured).
 - Every form post carries a CSRF token bound to the session; without it the post is refused
-  (403) before anything else is looked at. Auditors get no approve button and a forged post is
-  refused by the role check as well.
+  (403). Who posts and their role are checked before the body is read (401, 403): auditors get
+  no approve button, and a forged post of theirs is refused unread.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import importlib.resources
 import json
+import re
 import secrets
 import string
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from remediator.adapters.db import queries
-from remediator.adapters.http import api, runbooks
+from remediator.adapters.http import api, hygiene, runbooks
 from remediator.adapters.http import auth as http_auth
 from remediator.domain import auth, errors
 
@@ -78,11 +79,14 @@ def _who(request: web.Request, principal: auth.Principal, via: str) -> str:
 
 
 async def _form(request: web.Request, permission: auth.Permission) -> tuple[Any, auth.Principal]:
-    """The posted form and its principal, after the CSRF check and then the role check."""
-    form = await request.post()
+    """The posted form and its principal: who it is and their role are checked before the body
+    is read, its CSRF token after."""
     principal, via = http_auth.identify(request)
     if principal is None:
         raise web.HTTPUnauthorized(text="sign in first")
+    if not principal.can(permission):
+        raise web.HTTPForbidden(text=f"{principal.name} may not {permission.value}")
+    form = await hygiene.read_form(request)
     token = form.get("csrf")
     if not isinstance(token, str) or not request.app[http_auth.SESSIONS].check_csrf(
         request, principal, via, token
@@ -120,9 +124,11 @@ async def login_form(request: web.Request) -> web.Response:
 
 
 async def login(request: web.Request) -> web.Response:
-    form = await request.post()
     nonce = request.cookies.get(LOGIN_NONCE, "")
-    if not nonce or form.get("csrf") != nonce:
+    if not nonce:  # before the body is read: no sign-in form was fetched
+        raise web.HTTPForbidden(text="missing or invalid CSRF token")
+    form = await hygiene.read_form(request)
+    if form.get("csrf") != nonce:
         raise web.HTTPForbidden(text="missing or invalid CSRF token")
     book = request.app.get(http_auth.TOKENS)
     token, name = str(form.get("token", "")), str(form.get("name", "")).strip() or None
@@ -356,7 +362,7 @@ async def trigger(request: web.Request) -> web.Response:
 
 
 def _typed(value: str, kind: str) -> Any:
-    if kind == "integer" and value.lstrip("-").isdigit():
+    if kind == "integer" and re.fullmatch(r"-?[0-9]{1,18}", value):
         return int(value)
     if kind == "boolean" and value in ("true", "false"):
         return value == "true"

@@ -11,6 +11,7 @@ import pydantic
 from aiohttp import web
 
 from remediator.adapters.http import auth as http_auth
+from remediator.adapters.http import hygiene
 from remediator.domain import alerts, auth, errors
 
 
@@ -25,7 +26,9 @@ PLAN = web.AppKey("plan", PlanDeps)
 
 async def post_plan(request: web.Request) -> web.Response:
     http_auth.require(request, auth.Permission.READ)
-    body = await request.read()
+    hygiene.require_type(request, hygiene.JSON)
+    limit = request.app.get(hygiene.LIMITS, hygiene.Limits()).max_body_bytes
+    body = await hygiene.read_body(request, limit=limit)
     try:
         payload = alerts.parse_payload(body)
     except pydantic.ValidationError as e:
@@ -37,10 +40,10 @@ async def post_plan(request: web.Request) -> web.Response:
 
 async def get_run_plan(request: web.Request) -> web.Response:
     http_auth.require(request, auth.Permission.READ)
-    value = request.match_info["run_id"]
-    if not value.isdigit() or len(value) > 18:
+    run_id = hygiene.parse_id(request.match_info["run_id"])
+    if run_id is None:
         raise errors.NotFound("run not found")
-    plan = await request.app[PLAN].plan_run(int(value))
+    plan = await request.app[PLAN].plan_run(run_id)
     if plan is None:
         raise errors.NotFound("run not found")
     return web.json_response(plan)

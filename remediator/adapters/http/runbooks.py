@@ -14,7 +14,6 @@ acts on it). Two different nodes are refused naming both.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,6 +23,7 @@ from aiohttp import web
 
 from remediator.adapters.db import database, queries
 from remediator.adapters.http import auth as http_auth
+from remediator.adapters.http import hygiene
 from remediator.domain import auth, errors, playbooks
 from remediator.engine import planning
 
@@ -81,15 +81,7 @@ RUNBOOKS = web.AppKey("runbooks", RunbookDeps)
 async def read_json(request: web.Request, model: type[pydantic.BaseModel]) -> Any:
     """A JSON body validated by ``model``. The Content-Type must be JSON: a cross-site form
     cannot send that, so browser-held credentials cannot be replayed against the API."""
-    if request.content_type != "application/json":
-        raise errors.ValidationFailed(
-            "expected Content-Type application/json",
-            fields=[{"field": "Content-Type", "message": "must be application/json"}],
-        )
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise errors.ValidationFailed("body must be JSON") from None
+    body = await hygiene.read_json(request)
     try:
         return model.model_validate(body)
     except pydantic.ValidationError as e:
