@@ -40,6 +40,18 @@ PAGING = (
     ("limit", "integer", "page size, 1-500 (default 50)"),
     ("cursor", "integer", "nextCursor of the previous page"),
 )
+# Ids and cursors are ASCII decimal within 63 bits; a path id that is none is not found (404),
+# a query id that is none is invalid (400).
+ID_PATTERN = "^[0-9]{1,19}$"
+MAX_ID = 2**63 - 1
+_QUERY_SCHEMAS: dict[str, dict[str, Any]] = {
+    "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+    "cursor": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
+    "run": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
+    "episode": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
+    "since": {"type": "string", "format": "date-time"},
+    "until": {"type": "string", "format": "date-time"},
+}
 AUDIT_FILTERS = (
     ("since", "string", "ISO 8601 time, inclusive"),
     ("until", "string", "ISO 8601 time, exclusive"),
@@ -275,7 +287,7 @@ def _parameters(path: str, operation: Operation) -> list[dict[str, Any]]:
             "required": True,
             "schema": {"type": "string"}
             if name in ("path", "playbook")
-            else {"type": "string", "pattern": "^[0-9]{1,18}$"},
+            else {"type": "string", "pattern": ID_PATTERN},
         }
         for name in re.findall(r"\{(\w+)\}", path)
     ]
@@ -284,7 +296,7 @@ def _parameters(path: str, operation: Operation) -> list[dict[str, Any]]:
             "name": name,
             "in": "query",
             "required": False,
-            "schema": {"type": kind},
+            "schema": _QUERY_SCHEMAS.get(name, {"type": kind}),
             "description": description,
         }
         for name, kind, description in operation.query
@@ -292,16 +304,41 @@ def _parameters(path: str, operation: Operation) -> list[dict[str, Any]]:
     return params
 
 
+def _error_responses(method: str, operation: Operation) -> dict[str, Any]:
+    """Every operation's error answers (``hygiene`` and ``auth`` give most of them)."""
+    listed = [("400", "invalid request"), ("404", "not found"), ("409", "conflict")]
+    if operation.roles is not None:
+        listed.append(("401", "no or wrong credentials"))
+    if method == "POST":
+        listed += [
+            (
+                "403",
+                "role not allowed, CSRF token missing, or a cross-origin request (an Origin "
+                "that is not the server's, or Sec-Fetch-Site: cross-site)",
+            ),
+            ("408", "the body did not arrive within body_read_timeout"),
+            ("413", "body too large (webhook and plan: max_body_bytes; others: 64 KiB)"),
+            (
+                "415",
+                "wrong Content-Type (JSON bodies: application/json; forms: "
+                "application/x-www-form-urlencoded), or a compressed body (Content-Encoding)",
+            ),
+        ]
+    elif operation.roles is not None:
+        listed.append(("403", "role not allowed"))
+    listed.append(("421", "without a tokens file, a Host other than localhost, 127.0.0.1, [::1]"))
+    return {
+        code: {"description": text, "content": {JSON: {"schema": ERROR}}}
+        for code, text in sorted(listed)
+    }
+
+
 def _operation(method: str, path: str, operation: Operation) -> dict[str, Any]:
     success: dict[str, Any] = {"description": "OK"}
     if operation.status != 303:
         success["content"] = {operation.media: {"schema": {}}}
     responses: dict[str, Any] = {str(operation.status): success}
-    for code, text in (("400", "invalid request"), ("404", "not found"), ("409", "conflict")):
-        responses[code] = {"description": text, "content": {JSON: {"schema": ERROR}}}
-    if operation.roles is not None:
-        responses["401"] = {"description": "no or wrong credentials"}
-        responses["403"] = {"description": "role not allowed (or CSRF token missing)"}
+    responses.update(_error_responses(method, operation))
     document: dict[str, Any] = {
         "operationId": f"{method.lower()}_{re.sub(r'[^a-z0-9]+', '_', path.lower()).strip('_')}",
         "summary": operation.summary,

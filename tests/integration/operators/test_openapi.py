@@ -29,6 +29,23 @@ async def test_every_registered_route_is_documented_and_nothing_else(make_harnes
     assert set(schema["properties"]) >= {"node", "params"}
 
 
+async def test_the_document_states_error_statuses_id_patterns_and_the_limit_bounds(make_harness):
+    h = await make_harness(GATED)
+    document = await (await h.client.get("/api/v1/openapi.json")).json()
+    paths = document["paths"]
+    reset = paths["/api/v1/breaker/reset"]["post"]["responses"]
+    assert {"400", "403", "408", "413", "415", "421"} <= set(reset)
+    intake = paths["/api/v1/alerts"]["post"]["responses"]
+    assert {"400", "408", "413", "415"} <= set(intake)
+    login = paths["/runbooks/login"]["post"]["responses"]
+    assert {"403", "408", "413", "415"} <= set(login)
+    assert "415" not in paths["/api/v1/runs"]["get"]["responses"]
+    [limit] = [p for p in paths["/api/v1/runs"]["get"]["parameters"] if p["name"] == "limit"]
+    assert (limit["schema"]["minimum"], limit["schema"]["maximum"]) == (1, 500)
+    [run_id] = paths["/api/v1/runs/{run_id}"]["get"]["parameters"]
+    assert run_id["schema"]["pattern"] == "^[0-9]{1,19}$"
+
+
 @pytest.fixture
 def live_server(tmp_path):
     """A real ``remediator serve`` on 127.0.0.1 (SQLite, no tokens: the loopback admin)."""
