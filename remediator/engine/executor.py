@@ -65,6 +65,36 @@ class Services:
         ``node_holders`` (the uncordon action refuses a node another run holds)."""
         return {**self.extra, "node_holders": self.node_holders}
 
+    def context(
+        self,
+        run: records.Run,
+        step: records.Step,
+        *,
+        episode: records.Episode | None,
+        applied_output: dict[str, Any],
+        progress: actions.ProgressFn | None = None,
+    ) -> actions.ActionContext:
+        """The context ``step`` of ``run`` acts in (the executor's, and the reconciler's to
+        observe a step's effect)."""
+        return actions.ActionContext(
+            run_id=run.id,
+            step_id=step.id,
+            step_key=step.key,
+            attempt=step.attempt,
+            playbook=run.playbook,
+            node=run.node,
+            gpu=run.gpu,
+            labels=episode.labels if episode else {},
+            annotations=episode.annotations if episode else {},
+            dry_run=run.dry_run,
+            now=self.clock,
+            notifier=self.notifier,
+            cluster=self.cluster,
+            services=self.for_actions(),
+            applied_output=applied_output,
+            **({"progress": progress} if progress is not None else {}),
+        )
+
 
 _Result = transitions.Result
 
@@ -152,23 +182,8 @@ class StepRunner:
             progress.clear()
             progress.update(update)
 
-        ctx = actions.ActionContext(
-            run_id=run.id,
-            step_id=step.id,
-            step_key=step.key,
-            attempt=step.attempt,
-            playbook=run.playbook,
-            node=run.node,
-            gpu=run.gpu,
-            labels=episode.labels if episode else {},
-            annotations=episode.annotations if episode else {},
-            dry_run=run.dry_run,
-            now=self.services.clock,
-            notifier=self.services.notifier,
-            cluster=self.services.cluster,
-            services=self.services.for_actions(),
-            progress=report,
-            applied_output=applied,
+        ctx = self.services.context(
+            run, step, episode=episode, applied_output=applied, progress=report
         )
         resolved = (
             run.kind is runs.RunKind.ALERT

@@ -142,23 +142,8 @@ class Reconciler:
     async def _observe(self, entry: records.LedgerEntry) -> actions.Observation:
         action = self.services.registry.get(entry.step.action)
         run, step = entry.run, entry.step
-        ctx = actions.ActionContext(
-            run_id=run.id,
-            step_id=step.id,
-            step_key=step.key,
-            attempt=step.attempt,
-            playbook=run.playbook,
-            node=run.node,
-            gpu=run.gpu,
-            labels={},
-            annotations={},
-            dry_run=False,
-            now=self.services.clock,
-            notifier=self.services.notifier,
-            cluster=self.services.cluster,
-            services=self.services.extra,
-            applied_output=step.output,
-        )
+        # Observed as its run saw it; dry_run is false: the ledger holds no dry runs.
+        ctx = self.services.context(run, step, episode=None, applied_output=step.output)
         return await action.observe(ctx, action.parse(step.params))
 
     def _record(
