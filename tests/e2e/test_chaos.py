@@ -55,7 +55,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 ORPHANED = "effect.orphaned"
 VANISHED = "effect.vanished"
 SEED = int(os.environ.get("REMEDIATOR_CHAOS_SEED", "20261130"))
-# The monkey's 22 kills take 22 × (uptime 0.9 s + restart 2.3–2.7 s on two cores), plus the
+# The monkey's 22 kills take 22 x (uptime 0.9 s + restart 2.3 to 2.7 s on two cores), plus the
 # two simulator restarts and up to 20 s waiting for the Xid and ECC runs before the state loss.
 STORM_LIMIT_SECONDS = 110.0
 SETTLE_SECONDS = 40.0
