@@ -87,25 +87,58 @@ def _events(path: pathlib.Path) -> Iterator[dict[str, Any]]:
 
 def verify_export(path: pathlib.Path) -> audit.VerifyResult:
     """Verify a JSON Lines export offline: each event's hash covers its content and its
-    ``prev_hash``; consecutive events link; event 1 links to the genesis hash. A filtered
-    export is checked event by event and across every run of consecutive ids."""
+    ``prev_hash``; consecutive events link; event 1 links to the genesis hash; the trailer
+    line matches the events (count, first and last id, last hash), and an unfiltered export
+    holds consecutive ids. A filtered export is checked event by event and across every run
+    of consecutive ids."""
     previous: dict[str, Any] | None = None
-    checked = 0
+    found = audit.ExportTrailer(filtered=False)
+    trailer: audit.ExportTrailer | None = None
+    unlinked: int | None = None  # the first event not linked to the one before it
     for event in _events(path):
-        if event["id"] == 1 and event["prev_hash"] != audit.GENESIS:
-            return audit.VerifyResult(False, checked, 1, "first event does not start the chain")
-        if previous is not None:
-            if event["id"] <= previous["id"]:
-                return audit.VerifyResult(False, checked, event["id"], "events out of order")
-            if event["id"] == previous["id"] + 1 and event["prev_hash"] != previous["hash"]:
-                return audit.VerifyResult(False, checked, event["id"], "prev_hash does not link")
-        if audit.chain_hash(event["prev_hash"], event) != event["hash"]:
-            return audit.VerifyResult(
-                False, checked, event["id"], "content does not match its hash"
+        if trailer is not None:
+            return audit.VerifyResult(False, found.count, None, "lines after the trailer")
+        if "trailer" in event:
+            given = event["trailer"]
+            trailer = audit.ExportTrailer(
+                filtered=bool(given.get("filtered")),
+                count=given.get("count"),
+                first_id=given.get("firstId"),
+                last_id=given.get("lastId"),
+                last_hash=given.get("lastHash"),
             )
+            continue
+        broken = _broken_link(event, previous)
+        if broken is not None:
+            return audit.VerifyResult(False, found.count, event["id"], broken)
+        expected = previous["hash"] if previous is not None else audit.GENESIS
+        if unlinked is None and event["prev_hash"] != expected:
+            unlinked = event["id"]
+        found.add(event["id"], event["hash"])
         previous = event
-        checked += 1
-    return audit.VerifyResult(True, checked)
+    if trailer is None:
+        return audit.VerifyResult(False, found.count, None, "no trailer line: the file is cut")
+    wrong = trailer.mismatch(found)
+    if wrong is not None:
+        return audit.VerifyResult(False, found.count, None, wrong)
+    if not trailer.filtered and unlinked is not None:
+        # Ids may skip (a Postgres sequence); the chain may not: an event is missing.
+        why = "an event before it is missing from the unfiltered export"
+        return audit.VerifyResult(False, found.count, unlinked, why)
+    return audit.VerifyResult(True, found.count)
+
+
+def _broken_link(event: dict[str, Any], previous: dict[str, Any] | None) -> str | None:
+    if event["id"] == 1 and event["prev_hash"] != audit.GENESIS:
+        return "first event does not start the chain"
+    if previous is not None:
+        if event["id"] <= previous["id"]:
+            return "events out of order"
+        if event["id"] == previous["id"] + 1 and event["prev_hash"] != previous["hash"]:
+            return "prev_hash does not link"
+    if audit.chain_hash(event["prev_hash"], event) != event["hash"]:
+        return "content does not match its hash"
+    return None
 
 
 async def verify_database(url: str) -> db_audit.ChainReport:

@@ -79,6 +79,47 @@ class VerifyResult:
     reason: str = ""
 
 
+@dataclasses.dataclass
+class ExportTrailer:
+    """The last line of a JSON Lines export: how many events it holds, the first and last id
+    and the last hash, and whether a filter selected them. Offline verification compares the
+    file with it, so a line removed from the middle, a cut tail or a removed first event fail
+    (an unfiltered export must also hold consecutive ids)."""
+
+    filtered: bool
+    count: int = 0
+    first_id: int | None = None
+    last_id: int | None = None
+    last_hash: str | None = None
+
+    def add(self, event_id: int, event_hash: str) -> None:
+        if self.first_id is None:
+            self.first_id = event_id
+        self.count += 1
+        self.last_id, self.last_hash = event_id, event_hash
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "filtered": self.filtered,
+            "count": self.count,
+            "firstId": self.first_id,
+            "lastId": self.last_id,
+            "lastHash": self.last_hash,
+        }
+
+    def mismatch(self, found: ExportTrailer) -> str | None:
+        """Why the events ``found`` in a file are not the ones this trailer describes."""
+        for name, want, got in (
+            ("events", self.count, found.count),
+            ("first id", self.first_id, found.first_id),
+            ("last id", self.last_id, found.last_id),
+            ("last hash", self.last_hash, found.last_hash),
+        ):
+            if want != got:
+                return f"the trailer says {name} {want}, the file holds {got}"
+        return None
+
+
 def verify(events: Iterable[Mapping[str, Any]]) -> VerifyResult:
     """Check a sequence of events (dicts with the content fields, prev_hash and hash)."""
     prev = GENESIS

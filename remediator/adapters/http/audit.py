@@ -138,13 +138,19 @@ async def export_events(request: web.Request) -> web.StreamResponse:
     batch = await anext(batches, None)  # a failing query still gets its error status
     await response.prepare(request)
     first = True
+    chosen = any(value is not None for value in dataclasses.asdict(filters).values())
+    trailer = audit.ExportTrailer(filtered=chosen)
     while batch is not None:
         chunk = _jsonl_rows(batch) if fmt == "jsonl" else _csv_rows(batch, header=first)
         await response.write(chunk)
+        for event in batch:
+            trailer.add(event["id"], event["hash"])
         first = False
         batch = await anext(batches, None)
     if first and fmt == "csv":
         await response.write(_csv_rows([], header=True))
+    if fmt == "jsonl":
+        await response.write(json.dumps({"trailer": trailer.json()}).encode() + b"\n")
     await response.write_eof()
     return response
 

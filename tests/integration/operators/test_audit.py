@@ -89,14 +89,22 @@ async def test_exports_stream_every_event_with_hashes_and_verify_offline(make_ha
     assert response.status == 200
     assert response.headers["Content-Type"].startswith("application/x-ndjson")
     text = await response.text()
-    lines = [json.loads(line) for line in text.splitlines()]
+    *lines, trailer = [json.loads(line) for line in text.splitlines()]
     assert lines[0]["prev_hash"] == "0" * 64
     assert all("hash" in e for e in lines)
+    assert trailer["trailer"] == {
+        "filtered": False,
+        "count": len(lines),
+        "firstId": lines[0]["id"],
+        "lastId": lines[-1]["id"],
+        "lastHash": lines[-1]["hash"],
+    }
     path = tmp_path / "export.jsonl"
     path.write_text(text)
     assert client_mod.verify_export(path).ok
-    lines[2]["reason"] = "edited"
-    path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    edited = [dict(e) for e in lines]
+    edited[2]["reason"] = "edited"
+    path.write_text("".join(json.dumps(e) + "\n" for e in [*edited, trailer]))
     report = client_mod.verify_export(path)
     assert not report.ok
     assert report.first_broken_id == lines[2]["id"]
@@ -104,6 +112,44 @@ async def test_exports_stream_every_event_with_hashes_and_verify_offline(make_ha
     rows = list(csv.DictReader(io.StringIO(await as_csv.text())))
     assert [int(r["id"]) for r in rows] == [e["id"] for e in lines]
     assert rows[-1]["hash"] == lines[-1]["hash"]
+
+
+def _write(path, events, trailer):
+    path.write_text("".join(json.dumps(e) + "\n" for e in [*events, trailer]))
+    return client_mod.verify_export(path)
+
+
+async def test_offline_verification_catches_removed_and_cut_lines(make_harness, tmp_path):
+    h = await make_harness(TWO_NODES)
+    await _history(h)
+    text = await (await h.client.get("/api/v1/audit/export")).text()
+    *lines, trailer = [json.loads(line) for line in text.splitlines()]
+    path = tmp_path / "export.jsonl"
+    assert _write(path, lines, trailer).ok
+
+    middle = _write(path, lines[:3] + lines[4:], trailer)
+    assert (middle.ok, middle.reason) == (
+        False,
+        f"the trailer says events {len(lines)}, the file holds {len(lines) - 1}",
+    )
+    recounted = dict(trailer["trailer"], count=len(lines) - 1)
+    middle = _write(path, lines[:3] + lines[4:], {"trailer": recounted})
+    assert not middle.ok
+    assert middle.first_broken_id == lines[4]["id"]  # the chain does not link across the hole
+
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(json.dumps(e) + "\n" for e in lines[:-2]))  # no trailer either
+    assert client_mod.verify_export(cut).reason == "no trailer line: the file is cut"
+    first_gone = _write(path, lines[1:], trailer)
+    assert not first_gone.ok
+    assert "first id" in first_gone.reason or "events" in first_gone.reason
+
+    filtered = await h.client.get("/api/v1/audit/export", params={"kind": "run.created"})
+    *chosen, chosen_trailer = [json.loads(line) for line in (await filtered.text()).splitlines()]
+    assert chosen_trailer["trailer"]["filtered"] is True
+    assert len(chosen) >= 2
+    assert _write(path, chosen, chosen_trailer).ok  # ids skip, the filter says so
+    assert not _write(path, chosen[1:], chosen_trailer).ok
 
 
 async def _tamper(h, statement):
