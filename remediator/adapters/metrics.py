@@ -96,6 +96,13 @@ class Metrics:
             "1 while this replica runs the singleton loops (leader), else 0.",
             registry=r,
         )
+        self.auth_failures = prom.Counter(
+            "remediator_auth_failures",
+            "Failed sign-ins and API authentications, by reason (unknown_token, malformed, "
+            "throttled).",
+            ["reason"],
+            registry=r,
+        )
         self.runs_suppressed = prom.Counter(
             "remediator_runs_suppressed",
             "Alert runs not started at once: suppressed by a cooldown, or waiting for a "

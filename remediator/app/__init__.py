@@ -375,7 +375,7 @@ def create_app(
         components.writer, components.metrics, settings.max_body_bytes
     )
     app[api.API] = api.ApiDeps(components.queries, components.decide)
-    _web_identity(app, settings)
+    _web_identity(app, settings, components.metrics)
     app[runbooks.RUNBOOKS] = runbooks.RunbookDeps(
         components.db, components.rules, components.trigger, components.select_nodes
     )
@@ -404,12 +404,19 @@ def create_app(
     return app
 
 
-def _web_identity(app: web.Application, settings: settings_mod.Settings) -> None:
+def _web_identity(
+    app: web.Application, settings: settings_mod.Settings, meter: metrics.Metrics
+) -> None:
     secret = None
     if settings.session_secret is not None:
         secret = settings.session_secret.get_secret_value().encode()
     app[auth.SESSIONS] = auth.Sessions(
         secret, ttl=settings.session_ttl, secure=settings.cookie_secure
+    )
+    app[auth.THROTTLE] = auth.Throttle(
+        limit=settings.auth_failure_limit,
+        window=settings.auth_failure_window,
+        on_failure=lambda reason: meter.auth_failures.labels(reason).inc(),
     )
     if settings.trusted_proxies and settings.proxy_user_header:
         app[auth.PROXY] = auth.ProxyTrust(

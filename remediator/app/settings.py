@@ -180,6 +180,15 @@ class Settings(pydantic_settings.BaseSettings):
         default=None,
         description="Mark the session cookie Secure. Default: when the request came over TLS.",
     )
+    auth_failure_limit: int = pydantic.Field(
+        default=5,
+        gt=0,
+        description="Failed sign-ins (wrong token, on the page or the API) per client address "
+        "and per token name within `auth_failure_window` before further attempts get 429.",
+    )
+    auth_failure_window: float = pydantic.Field(
+        default=60.0, gt=0, description="Seconds over which failed sign-ins are counted."
+    )
 
     leader_election: Literal["auto", "database", "kubernetes", "off"] = pydantic.Field(
         default="auto",

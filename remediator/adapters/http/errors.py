@@ -89,7 +89,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 def _keep(error: web.HTTPException) -> dict[str, str]:
     return {
-        key: value for key, value in error.headers.items() if key in ("WWW-Authenticate", "Allow")
+        key: value
+        for key, value in error.headers.items()
+        if key in ("WWW-Authenticate", "Allow", "Retry-After")
     }
 
 

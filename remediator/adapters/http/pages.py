@@ -4,6 +4,7 @@
   runs; ``/runbooks/runs/{id}``: one run, its plan, approve / reject, live step progress.
 - Sign-in with a token (or HTTP Basic, or the trusted proxy's header) into a signed session
   cookie: HttpOnly, SameSite=Strict, Secure over TLS (or as configured).
+- Signing out revokes the session; a sign-in nonce is good for one post.
 - Every form post carries a CSRF token bound to the session; without it the post is refused
   (403). Who posts and their role are checked before the body is read (401, 403): auditors get
   no approve button, and a forged post of theirs is refused unread.
@@ -99,10 +100,11 @@ async def _form(request: web.Request, permission: auth.Permission) -> tuple[Any,
 # -- sign-in -------------------------------------------------------------------------------
 
 
-async def login_form(request: web.Request) -> web.Response:
-    nonce = secrets.token_urlsafe(24)
+def _login_page(request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
+    sessions = request.app[http_auth.SESSIONS]
+    nonce = sessions.issue_nonce()
     body = f"""
-<h1>Sign in</h1>
+<h1>Sign in</h1>{error}
 <form method="post" action="/runbooks/login" id="login">
 <input type="hidden" name="csrf" value="{nonce}">
 <p><label>Name (optional) <input name="name" autocomplete="username"></label></p>
@@ -110,32 +112,48 @@ async def login_form(request: web.Request) -> web.Response:
  required></label></p>
 <p><button type="submit">Sign in</button></p>
 </form>"""
-    response = _page("Sign in", body)
+    response = _page("Sign in", body, status=status)
     response.set_cookie(
         LOGIN_NONCE,
         nonce,
-        max_age=600,
+        max_age=http_auth.NONCE_TTL,
         httponly=True,
         samesite="Strict",
-        secure=request.app[http_auth.SESSIONS].cookie_secure(request),
+        secure=sessions.cookie_secure(request),
         path="/runbooks",
     )
     return response
 
 
+async def login_form(request: web.Request) -> web.Response:
+    return _login_page(request)
+
+
 async def login(request: web.Request) -> web.Response:
+    """Sign in. The nonce is used up by the first post that carries it; failures are throttled
+    per client address (checked before the body is read) and per token name."""
+    throttle = request.app.get(http_auth.THROTTLE)
+    keys = [http_auth.address_key(request)]
+    if throttle is not None:
+        throttle.check(request, *keys)
     nonce = request.cookies.get(LOGIN_NONCE, "")
     if not nonce:  # before the body is read: no sign-in form was fetched
         raise web.HTTPForbidden(text="missing or invalid CSRF token")
     form = await hygiene.read_form(request)
-    if form.get("csrf") != nonce:
+    sessions = request.app[http_auth.SESSIONS]
+    if form.get("csrf") != nonce or not sessions.consume_nonce(nonce):
         raise web.HTTPForbidden(text="missing or invalid CSRF token")
     book = request.app.get(http_auth.TOKENS)
     token, name = str(form.get("token", "")), str(form.get("name", "")).strip() or None
+    if name is not None:
+        keys.append(http_auth.name_key(name))
+    if throttle is not None:
+        throttle.check(request, *keys)
     principal = book.authenticate(token, name=name) if book is not None and token else None
     if principal is None:
-        return _page("Sign in", '<p class="error">Unknown token.</p>', status=401)
-    sessions = request.app[http_auth.SESSIONS]
+        if throttle is not None:
+            throttle.fail("unknown_token", request, *keys)
+        return _login_page(request, error='<p class="error">Unknown token.</p>', status=401)
     response = web.HTTPSeeOther("/runbooks")
     response.set_cookie(
         http_auth.COOKIE,
@@ -152,6 +170,7 @@ async def login(request: web.Request) -> web.Response:
 
 async def logout(request: web.Request) -> web.Response:
     await _form(request, auth.Permission.READ)
+    request.app[http_auth.SESSIONS].revoke(request)
     response = web.HTTPSeeOther("/runbooks/login")
     response.del_cookie(http_auth.COOKIE, path="/")
     raise response
