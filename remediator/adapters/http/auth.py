@@ -299,19 +299,23 @@ def authenticate(request: web.Request) -> auth.Principal | None:
 
 
 def _throttled_authenticate(request: web.Request) -> auth.Principal | None:
-    """``authenticate``, with credentials in ``Authorization`` throttled by client address."""
+    """``authenticate``, with wrong credentials in ``Authorization`` throttled by client
+    address and token name. Valid credentials always pass: tokens are random secrets, so the
+    throttle slows and records guessing, and nobody sharing an address with Alertmanager (a
+    proxy) can lock its deliveries out by sending wrong tokens."""
     throttle = request.app.get(THROTTLE)
     if throttle is None or not request.headers.get("Authorization"):
         return authenticate(request)
+    principal = authenticate(request)
+    if principal is not None:
+        return principal
     found = _credentials(request)
     keys = [address_key(request)]
     if found is not None and found[0]:
         keys.append(name_key(found[0]))
     throttle.check(request, *keys)
-    principal = authenticate(request)
-    if principal is None:
-        throttle.fail("malformed" if found is None else "unknown_token", request, *keys)
-    return principal
+    throttle.fail("malformed" if found is None else "unknown_token", request, *keys)
+    return None
 
 
 def require(request: web.Request, permission: auth.Permission) -> auth.Principal:
