@@ -18,6 +18,7 @@ import json
 import re
 import secrets
 import string
+import urllib.parse
 from typing import Any
 
 from aiohttp import web
@@ -179,12 +180,25 @@ async def logout(request: web.Request) -> web.Response:
 # -- pages ---------------------------------------------------------------------------------
 
 
+def _link(url: str | None, text: str) -> str | None:
+    """A link to an http(s) URL from an alert; anything else (``javascript:``, ``data:``) is
+    never made a link, since alert payloads come from whoever can reach Alertmanager."""
+    if not url or urllib.parse.urlsplit(url).scheme.lower() not in ("http", "https"):
+        return None
+    return f'<a href="{esc(url)}" rel="noreferrer">{text}</a>'
+
+
 def _alert_cell(alert: dict[str, Any] | None) -> str:
     if alert is None:
         return "manual"
-    links = [f'<a href="{esc(alert["generatorURL"])}" rel="noreferrer">graph</a>']
-    if alert.get("alertmanagerURL"):
-        links.append(f'<a href="{esc(alert["alertmanagerURL"])}" rel="noreferrer">Alertmanager</a>')
+    links = [
+        link
+        for link in (
+            _link(alert.get("generatorURL"), "graph"),
+            _link(alert.get("alertmanagerURL"), "Alertmanager"),
+        )
+        if link is not None
+    ]
     return f"{esc(alert['alertname'])} ({esc(alert['status'])}) " + " · ".join(links)
 
 
