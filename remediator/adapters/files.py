@@ -28,6 +28,42 @@ class Problem:
         return f"{self.file}: {self.path}: {self.reason}"
 
 
+#: A playbook or tokens file larger than this is refused before parsing.
+MAX_FILE_BYTES = 1024 * 1024
+#: Aliases (``*name``) allowed per file: enough to share a block, too few for a "billion
+#: laughs" document whose aliases of aliases expand to gigabytes once validated.
+MAX_ALIASES = 100
+
+
+class _Loader(yaml.SafeLoader):
+    """``SafeLoader`` that counts aliases and refuses a file with more than ``MAX_ALIASES``."""
+
+    aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {MAX_ALIASES} aliases", self.get_mark()
+                )
+        return super().compose_node(parent, index)
+
+
+def _read(path: pathlib.Path) -> str:
+    """The file's text, refused past ``MAX_FILE_BYTES``."""
+    with path.open("rb") as stream:
+        data = stream.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
+    return data.decode("utf-8")
+
+
+def safe_load_all(text: str) -> list[Any]:
+    """Every document of ``text``, with YAML's safe types and the alias limit."""
+    return list(yaml.load_all(text, Loader=_Loader))
+
+
 class RulesInvalid(Exception):
     def __init__(self, problems: list[Problem]) -> None:
         super().__init__("\n".join(str(problem) for problem in problems))
@@ -46,9 +82,8 @@ def playbook_files(paths: Iterable[pathlib.Path]) -> list[pathlib.Path]:
 
 def _documents(file: pathlib.Path) -> tuple[list[Any], list[Problem]]:
     try:
-        with file.open(encoding="utf-8") as stream:
-            return [doc for doc in yaml.safe_load_all(stream) if doc is not None], []
-    except (OSError, UnicodeDecodeError) as e:
+        return [doc for doc in safe_load_all(_read(file)) if doc is not None], []
+    except (OSError, ValueError) as e:
         return [], [Problem(str(file), "(file)", f"cannot read: {e}")]
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -120,8 +155,8 @@ def load_playbooks_strict(
 
 
 def load_tokens(path: pathlib.Path) -> auth.TokenBook:
-    with path.open(encoding="utf-8") as stream:
-        data = yaml.safe_load(stream) or []
+    documents = safe_load_all(_read(path))
+    data = (documents[0] if documents else None) or []
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a YAML list of tokens")
     return auth.TokenBook(pydantic.TypeAdapter(list[auth.TokenEntry]).validate_python(data))

@@ -4,6 +4,7 @@ import pathlib
 import textwrap
 
 import pytest
+import yaml
 
 from remediator.actions import builtin_registry
 from remediator.adapters import files
@@ -160,3 +161,46 @@ def test_manual_and_alert_playbooks_are_distinguished(tmp_path, registry):
     )
     _, problems = files.load_playbooks([path], registry)
     assert "match is required" in problems[0].reason
+
+
+def test_a_few_aliases_are_fine(tmp_path, registry):
+    path = _write(
+        tmp_path,
+        """
+        name: shared-params
+        match: {alertname: GPUXidError79}
+        steps:
+          - {id: one, action: test.record, params: &label {label: same}}
+          - {id: two, action: test.record, params: *label}
+        """,
+    )
+    loaded, problems = files.load_playbooks([path], registry)
+    assert problems == []
+    assert [s.params for s in loaded[0].steps] == [{"label": "same"}] * 2
+
+
+def test_an_alias_bomb_is_refused_before_it_expands(tmp_path, registry):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 12)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    loaded, problems = files.load_playbooks([path], registry)
+    assert loaded == []
+    [problem] = problems
+    assert "more than 100 aliases" in problem.reason
+    assert problem.path.startswith("line ")
+
+
+def test_a_file_past_the_size_limit_is_refused_unparsed(tmp_path, registry):
+    path = tmp_path / "huge.yaml"
+    path.write_text("# " + "x" * files.MAX_FILE_BYTES + "\n")
+    loaded, problems = files.load_playbooks([path], registry)
+    assert loaded == []
+    assert problems[0].reason == f"cannot read: larger than {files.MAX_FILE_BYTES} bytes"
+
+
+def test_the_tokens_file_has_the_same_limits(tmp_path):
+    path = tmp_path / "tokens.yaml"
+    path.write_text("- &t0 {}\n" + "- *t0\n" * 150)
+    with pytest.raises(yaml.YAMLError, match="more than 100 aliases"):
+        files.load_tokens(path)
