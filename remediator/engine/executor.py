@@ -72,7 +72,7 @@ class Services:
         *,
         episode: records.Episode | None,
         applied_output: dict[str, Any],
-        progress: actions.ProgressFn | None = None,
+        progress: actions.ProgressFn = actions.no_progress,
     ) -> actions.ActionContext:
         """The context ``step`` of ``run`` acts in (the executor's, and the reconciler's to
         observe a step's effect)."""
@@ -92,7 +92,7 @@ class Services:
             cluster=self.cluster,
             services=self.for_actions(),
             applied_output=applied_output,
-            **({"progress": progress} if progress is not None else {}),
+            progress=progress,
         )
 
 

@@ -27,7 +27,8 @@ P = TypeVar("P", bound=pydantic.BaseModel)
 ProgressFn = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-async def _no_progress(_: dict[str, Any]) -> None:
+async def no_progress(_: dict[str, Any]) -> None:
+    """Progress reports go nowhere (the default; the reconciler only observes)."""
     return None
 
 
@@ -49,7 +50,7 @@ class ActionContext:
     notifier: notify_port.Notifier
     cluster: cluster_port.Cluster | None = None
     services: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    progress: ProgressFn = _no_progress
+    progress: ProgressFn = no_progress
     applied_output: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
