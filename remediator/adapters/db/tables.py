@@ -63,6 +63,8 @@ deliveries = sa.Table(
     sa.Column("principal", sa.String(200), nullable=True),
     sa.Column("remote", sa.String(200), nullable=True),
     sa.Column("body", sa.Text(), nullable=False),
+    # ``key_id:hex`` HMAC of the row with the audit key (migration 0006); NULL without a key.
+    sa.Column("mac", sa.String(140), nullable=True),
 )
 
 alert_episodes = sa.Table(
@@ -199,6 +201,10 @@ audit_events = sa.Table(
     sa.Column("data", JSONType, nullable=False),
     sa.Column("prev_hash", sa.String(64), nullable=False),
     sa.Column("hash", sa.String(64), nullable=False),
+    # Keyed chain (migration 0006): the key that signed the event (NULL: plain sha256) and the
+    # digests of the runs, steps and approvals rows its transaction wrote.
+    sa.Column("key_id", sa.String(64), nullable=True),
+    sa.Column("rows", JSONType, nullable=True),
     sa.Index("ix_audit_events_run", "run_id", "id"),
     sa.Index("ix_audit_events_at", "at"),
 )
