@@ -279,3 +279,40 @@ AUDIT_INDEXES = (
 PRINCIPAL_INDEXES = (
     sa.Index("ix_audit_events_actor_run", audit_events.c.actor, audit_events.c.run_id),
 )
+
+# Web sessions shared by every replica (migration 0007). A session is known by the SHA-256 of
+# its cookie's random id (the id itself is never stored); a row lives until its expiry, and the
+# sweeper ends it then (audit event ``session.ended``, reason ``expired``) and deletes it.
+web_sessions = sa.Table(
+    "web_sessions",
+    metadata,
+    sa.Column("id_sha256", sa.String(64), primary_key=True),
+    sa.Column("principal", sa.String(200), nullable=False),
+    sa.Column("remote", sa.String(200), nullable=True),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("expires_at", UTCDateTime(), nullable=False),
+    sa.Column("revoked_at", UTCDateTime(), nullable=True),
+    sa.Column("end_reason", sa.String(16), nullable=True),
+    sa.Index("ix_web_sessions_expires", "expires_at"),
+)
+
+# Sign-in nonces already posted (SHA-256 of the nonce), kept until the nonce expires.
+login_nonces = sa.Table(
+    "login_nonces",
+    metadata,
+    sa.Column("nonce_sha256", sa.String(64), primary_key=True),
+    sa.Column("expires_at", UTCDateTime(), nullable=False),
+    sa.Index("ix_login_nonces_expires", "expires_at"),
+)
+
+# One row per failed sign-in and throttle key (``address=…``, ``name=…``); rows older than
+# the throttle window are deleted by the sweeper.
+auth_failures = sa.Table(
+    "auth_failures",
+    metadata,
+    sa.Column("id", BigID, primary_key=True, autoincrement=True),
+    sa.Column("key", sa.String(200), nullable=False),
+    sa.Column("at", UTCDateTime(), nullable=False),
+    sa.Index("ix_auth_failures_key_at", "key", "at"),
+    sa.Index("ix_auth_failures_at", "at"),
+)
