@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import pydantic
 
@@ -54,9 +54,12 @@ EXIT_CODES = {
 
 class DriverParams(validation.Model):
     node: validation.NodeName | None = None
-    driver_namespace: validation.Namespace | None = None
-    driver_selector: validation.LabelSelector | None = None
-    driver_container: validation.ContainerName | None = None
+    driver_namespace: Annotated[validation.Namespace | None, validation.EXEC_TARGET] = None
+    """Namespace of the GPU driver pod; default: the setting. A literal, never a template."""
+    driver_selector: Annotated[validation.LabelSelector | None, validation.EXEC_TARGET] = None
+    """Label selector of the GPU driver pod; default: the setting. A literal, never a template."""
+    driver_container: Annotated[validation.ContainerName | None, validation.EXEC_TARGET] = None
+    """Container to exec in; default: the setting. A literal, never a template."""
     exec_timeout_seconds: float = pydantic.Field(30.0, gt=0, le=600)
 
 

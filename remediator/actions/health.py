@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import pydantic
 
@@ -303,9 +303,12 @@ class HealthReportParams(validation.Model):
     """Default (or empty): the cluster's GPU node selector. Nodes outside it are never read."""
     max_concurrency: int = pydantic.Field(8, ge=1, le=64)
     thresholds: Thresholds = pydantic.Field(default_factory=Thresholds)
-    driver_namespace: validation.Namespace | None = None
-    driver_selector: validation.LabelSelector | None = None
-    driver_container: validation.ContainerName | None = None
+    driver_namespace: Annotated[validation.Namespace | None, validation.EXEC_TARGET] = None
+    """Namespace of the GPU driver pods; default: the setting. A literal, never a template."""
+    driver_selector: Annotated[validation.LabelSelector | None, validation.EXEC_TARGET] = None
+    """Label selector of the GPU driver pods; default: the setting. A literal, never a template."""
+    driver_container: Annotated[validation.ContainerName | None, validation.EXEC_TARGET] = None
+    """Container to exec in; default: the setting. A literal, never a template."""
     exec_timeout_seconds: float = pydantic.Field(30.0, gt=0, le=600)
     fail_on: Literal["never", "warning", "critical"] = "never"
     """Fail the step when some finding is at least this severe (the report is kept)."""

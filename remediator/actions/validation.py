@@ -16,6 +16,8 @@ from typing import Annotated, Literal
 
 import pydantic
 
+from remediator.domain import playbooks
+
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 DNS_LABEL = re.compile(rf"^{_LABEL}$")
 DNS_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
@@ -82,6 +84,11 @@ GpuId = Annotated[str, pydantic.AfterValidator(gpu_id)]
 LabelSelector = Annotated[str, pydantic.AfterValidator(label_selector)]
 EventReason = Annotated[str, pydantic.Field(pattern=REASON.pattern)]
 TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+#: Marks a params field that chooses which pod or container remediator execs into:
+#: ``Annotated[Namespace | None, EXEC_TARGET]``. Loading refuses a template in it.
+EXEC_TARGET = pydantic.Field(json_schema_extra={playbooks.EXEC_TARGET: True})
 
 
 class Model(pydantic.BaseModel):

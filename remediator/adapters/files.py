@@ -142,6 +142,11 @@ def _check_steps(playbook: playbooks.Playbook, registry: actions.Registry) -> li
                 problems.append((f"steps.{number}.undo.action", f"unknown action {undo_action!r}"))
             elif undo.action is None and not registry.get(undo_action).supports_undo:
                 problems.append((f"steps.{number}.undo", f"action {undo_action} has no undo"))
+            else:
+                model = registry.get(undo_action).params_model
+                where = f"steps.{step.id}.undo.params"
+                for problem in playbooks.exec_target_problems(where, model, undo.params):
+                    problems.append((problem["field"], problem["message"]))
     return problems
 
 

@@ -237,10 +237,49 @@ class Playbook(_Strict):
         raise KeyError(step_id)
 
 
+#: JSON Schema key of a params field that chooses which pod or container remediator execs into
+#: (the GPU driver pod's namespace, selector, container). Such a field takes a literal or is
+#: left out for the setting; a template in it is refused when the playbook loads, so alert
+#: data can never point an exec at another pod (a user's training pod, say).
+EXEC_TARGET = "x-exec-target"
+
+
+def exec_target_fields(params_model: type[pydantic.BaseModel]) -> frozenset[str]:
+    """The fields of an action's params model declared as exec targets (see ``EXEC_TARGET``)."""
+    return frozenset(
+        name
+        for name, field in params_model.model_fields.items()
+        if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get(EXEC_TARGET)
+    )
+
+
+def exec_target_problems(
+    where: str, params_model: type[pydantic.BaseModel], params: Mapping[str, Any]
+) -> list[dict[str, str]]:
+    """Exec-target fields of ``params`` (found at ``where``) that hold a template."""
+    return [
+        {
+            "field": f"{where}.{name}",
+            "message": "chooses the pod or container remediator execs into: give a literal or "
+            "leave it out for the setting, never a template of alert or run data",
+        }
+        for name in sorted(exec_target_fields(params_model))
+        if name in params and templating.templated_paths(params[name])
+    ]
+
+
 def validate_step_params(
     step: StepSpec, params_model: type[pydantic.BaseModel], params: Mapping[str, Any]
 ) -> list[dict[str, str]]:
-    """Field errors of ``params`` against the action's model; templated fields are deferred."""
+    """Field errors of ``params`` against the action's model; templated fields are deferred,
+    except exec targets, which may not be templated at all."""
+    exec_problems = exec_target_problems(f"steps.{step.id}.params", params_model, params)
+    return exec_problems + _model_problems(step, params_model, params)
+
+
+def _model_problems(
+    step: StepSpec, params_model: type[pydantic.BaseModel], params: Mapping[str, Any]
+) -> list[dict[str, str]]:
     deferred = templating.templated_paths(dict(params))
     try:
         params_model.model_validate(dict(params))
