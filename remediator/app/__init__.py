@@ -20,6 +20,7 @@ from remediator import actions as builtin_actions
 from remediator.adapters import alertmanager, files, kubernetes, leader, metrics, notify
 from remediator.adapters.db import audit as db_audit
 from remediator.adapters.db import database, intake, migrate, queries, retention, store
+from remediator.adapters.db import sessions as db_sessions
 from remediator.adapters.http import api, auth, health, hygiene, openapi, pages, runbooks
 from remediator.adapters.http import audit as http_audit
 from remediator.adapters.http import errors as http_errors
@@ -140,6 +141,7 @@ class Components:
         self.elector: leader.Elector | None = None
         self.engine.is_leader = self.is_leader
         self.tokens = files.load_tokens(settings.tokens) if settings.tokens else None
+        self.sessions = db_sessions.SqlSessions(self.db, self.store, clock=clock)
 
     def previewer(self) -> previewing.Previewer:
         return previewing.Previewer(
@@ -317,6 +319,8 @@ class Components:
 
 
 COMPONENTS = web.AppKey("components", Components)
+SESSION_SWEEP_INTERVAL = 60.0
+SESSION_SWEEP_BATCH = 500
 FAILED = web.AppKey("failed", list)
 STOPPING = web.AppKey("stopping", list)
 
@@ -356,7 +360,7 @@ def create_app(
     components.rules.reload()
     components.metrics.playbooks_loaded.set(len(components.rules.index))
     app = web.Application(
-        middlewares=[hygiene.middleware, http_errors.error_middleware],
+        middlewares=[hygiene.middleware, http_errors.error_middleware, auth.middleware],
         client_max_size=settings.max_body_bytes + 1,
     )
     app[hygiene.LIMITS] = hygiene.Limits(
@@ -375,7 +379,7 @@ def create_app(
         components.writer, components.metrics, settings.max_body_bytes
     )
     app[api.API] = api.ApiDeps(components.queries, components.decide)
-    _web_identity(app, settings, components.metrics)
+    _web_identity(app, settings, components)
     app[runbooks.RUNBOOKS] = runbooks.RunbookDeps(
         components.db, components.rules, components.trigger, components.select_nodes
     )
@@ -400,22 +404,30 @@ def create_app(
     openapi.add_routes(app)
     components.add_singleton("approval-expiry", lambda: expire_approvals_forever(components))
     components.add_singleton("reconciler", lambda: reconcile_forever(components))
+    components.add_singleton("sessions", lambda: sweep_sessions_forever(components))
     app.cleanup_ctx.append(_lifecycle(run_engine=run_engine))
     return app
 
 
 def _web_identity(
-    app: web.Application, settings: settings_mod.Settings, meter: metrics.Metrics
+    app: web.Application, settings: settings_mod.Settings, components: Components
 ) -> None:
     secret = None
     if settings.session_secret is not None:
         secret = settings.session_secret.get_secret_value().encode()
     app[auth.SESSIONS] = auth.Sessions(
-        secret, ttl=settings.session_ttl, secure=settings.cookie_secure
+        components.sessions,
+        secret,
+        ttl=settings.session_ttl,
+        secure=settings.cookie_secure,
+        clock=components.clock,
     )
+    meter = components.metrics
     app[auth.THROTTLE] = auth.Throttle(
+        components.sessions,
         limit=settings.auth_failure_limit,
         window=settings.auth_failure_window,
+        clock=components.clock,
         on_failure=lambda reason: meter.auth_failures.labels(reason).inc(),
     )
     if settings.trusted_proxies and settings.proxy_user_header:
@@ -517,6 +529,30 @@ async def _retention(components: Components) -> None:
                 - dt.timedelta(days=components.settings.delivery_retention_days),
             )
         await asyncio.sleep(3600)
+
+
+async def sweep_sessions(components: Components) -> int:
+    """End web sessions whose expiry passed (audit ``session.ended``, reason ``expired``) and
+    delete them, used nonces that expired and failed sign-ins older than the throttle window."""
+    window = dt.timedelta(seconds=components.settings.auth_failure_window)
+    return await components.sessions.sweep(
+        failures_before=components.clock() - window, limit=SESSION_SWEEP_BATCH
+    )
+
+
+async def sweep_sessions_forever(components: Components) -> None:
+    """The leader sweeps sessions every ``SESSION_SWEEP_INTERVAL`` seconds (a full batch
+    goes on at once)."""
+    while True:
+        try:
+            swept = await sweep_sessions(components)
+        except errors.StoreUnavailable:
+            swept = 0
+        except Exception:
+            logger.exception("session sweep failed; the next pass tries again")
+            swept = 0
+        if swept < SESSION_SWEEP_BATCH:
+            await asyncio.sleep(SESSION_SWEEP_INTERVAL)
 
 
 async def reconcile_forever(components: Components) -> None:

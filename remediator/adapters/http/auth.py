@@ -5,16 +5,16 @@ A caller is identified, first match wins, by:
 2. the user header of an authenticating reverse proxy, honoured only when the connection comes
    from one of ``trusted_proxies`` (the user gets the roles of the tokens-file entry of that
    name; unknown users get nothing);
-3. the web page's signed session cookie (``session.py``) — accepted for safe methods, and for
-   form posts only together with a valid CSRF token (the page's handlers check it).
+3. the web page's session cookie — accepted for safe methods, and for form posts only together
+   with a valid CSRF token (the page's handlers check it).
 
 Without a tokens file every caller is the loopback admin.
 
-Signing out revokes the session and sign-in nonces are single use. Both records are kept in this
-process until the cookie or nonce expires: with several replicas, a cookie signed out on one is
-still accepted by the others until its expiry (keep the web page on one replica, or shorten
-``session_ttl``). Wrong credentials are throttled per client address and per token name
-(``Throttle``): behind a reverse proxy the address is the proxy's.
+Sessions, used sign-in nonces and failed sign-ins are kept in the database every replica
+shares (``ports.sessions``). ``middleware`` looks the request's session up before the handler
+runs (one read by primary key, nothing cached), so a session signed out on one replica is
+refused by every replica from the next request on. Wrong credentials are throttled per client
+address and per token name (``Throttle``): behind a reverse proxy the address is the proxy's.
 """
 
 from __future__ import annotations
@@ -22,30 +22,34 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import datetime as dt
 import hashlib
 import hmac
 import ipaddress
 import json
 import logging
 import secrets
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal
 
 from aiohttp import web
 
-from remediator.domain import auth
+from remediator.domain import auth, errors, sessions
+from remediator.ports import sessions as sessions_port
 
 TOKENS = web.AppKey("tokens", auth.TokenBook)
 PRINCIPAL = web.RequestKey("principal", auth.Principal)
 CSRF_CHECKED = web.RequestKey("csrf_checked", bool)
+SESSION = web.RequestKey("web_session", sessions.WebSession)
 
 Via = Literal["header", "proxy", "cookie", "anonymous"]
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 NONCE_TTL = 600
+MAX_COOKIE = 200
 
 logger = logging.getLogger("remediator.http.auth")
+Clock = Callable[[], dt.datetime]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,86 +63,97 @@ COOKIE = "remediator_session"
 
 
 class Sessions:
-    """Signed, expiring session cookies (name, session id, expiry; HMAC-SHA256) and the CSRF
-    tokens bound to them. Roles are not in the cookie: they are looked up on every request, so
-    removing a token from the tokens file ends its sessions."""
+    """Server-side web sessions: the cookie holds a random id, the database its SHA-256, the
+    principal and the expiry. Roles are not stored: they are looked up on every request, so
+    removing a token from the tokens file ends its sessions (reason ``revoked``). Sign-in
+    nonces are signed with ``secret`` and recorded in the database when posted, so each is
+    good for one post on any replica."""
 
-    def __init__(self, secret: bytes | None, *, ttl: float, secure: bool | None) -> None:
+    def __init__(
+        self,
+        store: sessions_port.SessionStore,
+        secret: bytes | None,
+        *,
+        ttl: float,
+        secure: bool | None,
+        clock: Clock,
+    ) -> None:
+        self.store = store
         self.secret = secret or secrets.token_bytes(32)
         self.ttl = ttl
         self.secure = secure
-        self._revoked: dict[str, float] = {}  # session id -> its expiry
-        self._used_nonces: dict[str, float] = {}  # sign-in nonce -> its expiry
+        self.clock = clock
 
     def _sign(self, payload: bytes) -> str:
         return hmac.new(self.secret, payload, hashlib.sha256).hexdigest()
 
-    @staticmethod
-    def _remember(seen: dict[str, float], key: str, expiry: float) -> None:
-        now = time.time()
-        for old in [k for k, until in seen.items() if until < now]:
-            del seen[old]
-        seen[key] = expiry
+    async def start(self, principal: str, request: web.Request) -> str:
+        """Start a session for ``principal``; the cookie value to hand out."""
+        cookie = secrets.token_urlsafe(32)
+        now = self.clock()
+        await self.store.start(
+            sessions.WebSession(
+                key=sessions.key_of(cookie),
+                principal=principal,
+                remote=(request.remote or "")[:200] or None,
+                created_at=now,
+                expires_at=now + dt.timedelta(seconds=self.ttl),
+            )
+        )
+        return cookie
 
-    def issue(self, name: str) -> str:
-        payload = json.dumps(
-            {"n": name, "s": secrets.token_hex(16), "e": int(time.time() + self.ttl)},
-            separators=(",", ":"),
-        ).encode()
-        return base64.urlsafe_b64encode(payload).decode() + "." + self._sign(payload)
-
-    def read(self, request: web.Request) -> tuple[str, str] | None:
-        """``(name, session id)`` of a valid cookie that was not signed out, else ``None``."""
-        found = self._decode(request.cookies.get(COOKIE, ""))
-        if found is None or found[1] in self._revoked:
+    async def resolve(self, request: web.Request) -> sessions.WebSession | None:
+        """The live session of the request's cookie, read from the database."""
+        cookie = request.cookies.get(COOKIE, "")
+        if not cookie or len(cookie) > MAX_COOKIE:
             return None
-        return found[0], found[1]
+        found = await self.store.find(sessions.key_of(cookie))
+        return found if found is not None and found.live(self.clock()) else None
 
-    def revoke(self, request: web.Request) -> None:
-        """Sign the request's session out: its cookie and CSRF token stop working."""
-        found = self._decode(request.cookies.get(COOKIE, ""))
+    @staticmethod
+    def read(request: web.Request) -> sessions.WebSession | None:
+        """The session ``middleware`` found for this request, if any."""
+        return request.get(SESSION)
+
+    async def revoke(
+        self, request: web.Request, reason: sessions.EndReason = sessions.EndReason.LOGOUT
+    ) -> None:
+        """End the request's session on every replica: its cookie and CSRF token stop
+        working."""
+        found = self.read(request)
         if found is not None:
-            self._remember(self._revoked, found[1], found[2])
+            await self.store.end(found.key, reason=reason)
+            request.pop(SESSION, None)
 
     def issue_nonce(self) -> str:
         """A signed sign-in nonce, valid for ``NONCE_TTL`` seconds and for one sign-in post."""
-        payload = f"{secrets.token_urlsafe(18)}.{int(time.time() + NONCE_TTL)}"
+        expiry = int(self.clock().timestamp() + NONCE_TTL)
+        payload = f"{secrets.token_urlsafe(18)}.{expiry}"
         return payload + "." + self._sign(f"nonce|{payload}".encode())
 
-    def consume_nonce(self, nonce: str) -> bool:
+    async def consume_nonce(self, nonce: str) -> bool:
         """Whether ``nonce`` is one of ours, unexpired and unused; it is used from now on."""
         payload, _, signature = nonce.rpartition(".")
         expected = self._sign(f"nonce|{payload}".encode()).encode()
         if not hmac.compare_digest(expected, signature.encode("utf-8", "replace")):
             return False
         expiry = payload.rpartition(".")[2]
-        if not expiry.isdecimal() or int(expiry) < time.time() or nonce in self._used_nonces:
+        if not expiry.isdecimal() or len(expiry) > 12:
             return False
-        self._remember(self._used_nonces, nonce, int(expiry))
-        return True
-
-    def _decode(self, value: str) -> tuple[str, str, int] | None:
-        encoded, _, signature = value.partition(".")
-        try:
-            payload = base64.urlsafe_b64decode(encoded.encode())
-            data = json.loads(payload)
-        except (binascii.Error, ValueError):
-            return None
-        valid = hmac.compare_digest(
-            self._sign(payload).encode(), signature.encode("utf-8", "replace")
-        )
-        if not valid or not isinstance(data, dict):
-            return None
-        if not isinstance(data.get("e"), int) or data["e"] < time.time():
-            return None
-        return str(data.get("n")), str(data.get("s")), data["e"]
+        expires_at = dt.datetime.fromtimestamp(int(expiry), dt.UTC)
+        if expires_at < self.clock():
+            return False
+        return await self.store.use_nonce(sessions.key_of(nonce), expires_at=expires_at)
 
     def csrf_token(self, request: web.Request, principal: auth.Principal, via: str) -> str:
-        """The CSRF token forms must carry: bound to the session, or to the identity when the
+        """The CSRF token forms must carry: derived from the session's cookie (so every
+        replica computes it, and it dies with the session), or bound to the identity when the
         browser authenticates otherwise (Basic, proxy)."""
         found = self.read(request) if via == "cookie" else None
-        subject = f"session|{found[1]}" if found else f"{via}|{principal.name}"
-        return self._sign(f"csrf|{subject}".encode())
+        if found is not None:
+            cookie = request.cookies.get(COOKIE, "").encode()
+            return hmac.new(cookie, b"csrf", hashlib.sha256).hexdigest()
+        return self._sign(f"csrf|{via}|{principal.name}".encode())
 
     def check_csrf(
         self, request: web.Request, principal: auth.Principal, via: str, token: str
@@ -151,61 +166,65 @@ class Sessions:
 
 
 SESSIONS = web.AppKey("sessions", Sessions)
+FAILURES_SEEN = web.RequestKey("auth_failures_seen", dict)
+FAILED_KEYS = web.RequestKey("auth_failed_keys", tuple)
 
 
 class Throttle:
-    """Failed sign-ins per key (client address, token name) in a sliding window: from the
-    ``limit``-th failure within ``window`` seconds, attempts under that key are refused (429)
-    until the oldest of those failures leaves the window. Every failure is counted and logged,
-    never with the credentials."""
+    """Failed sign-ins per key (client address, token name) in a sliding window, counted in
+    the database every replica shares: from the ``limit``-th failure within ``window`` seconds,
+    attempts under that key are refused (429) until the oldest of those failures leaves the
+    window. Every failure is counted and logged, never with the credentials."""
 
     def __init__(
         self,
+        store: sessions_port.SessionStore,
         *,
         limit: int,
         window: float,
+        clock: Clock,
         on_failure: Callable[[str], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.store = store
         self.limit = limit
         self.window = window
         self.on_failure = on_failure
         self.clock = clock
-        self._failures: dict[str, list[float]] = {}
 
-    def _recent(self, key: str, now: float) -> list[float]:
-        times = [t for t in self._failures.get(key, ()) if t > now - self.window]
-        if times:
-            self._failures[key] = times
-        else:
-            self._failures.pop(key, None)
-        return times
+    async def recent(self, keys: Sequence[str]) -> dict[str, list[dt.datetime]]:
+        since = self.clock() - dt.timedelta(seconds=self.window)
+        return await self.store.failures(keys, since=since)
 
-    def check(self, request: web.Request, *keys: str) -> None:
+    def refuse(
+        self, request: web.Request, keys: Sequence[str], recent: dict[str, list[dt.datetime]]
+    ) -> None:
         """Raise 429 (with ``Retry-After``) when any of ``keys`` is throttled."""
         now = self.clock()
         waits = [
-            times[-self.limit] + self.window - now
+            wait
             for key in keys
-            if len(times := self._recent(key, now)) >= self.limit
+            if (
+                wait := sessions.throttle_wait(
+                    recent.get(key, ()), limit=self.limit, window=self.window, now=now
+                )
+            )
+            is not None
         ]
         if waits:
-            self._count("throttled", request, keys)
+            self.count("throttled", request, keys)
             raise web.HTTPTooManyRequests(
                 text="too many failed sign-ins; try again later",
                 headers={"Retry-After": str(max(1, int(max(waits) + 0.999)))},
             )
 
-    def fail(self, reason: str, request: web.Request, *keys: str) -> None:
-        now = self.clock()
-        if len(self._failures) > 10_000:  # forget keys whose failures left the window
-            for known in list(self._failures):
-                self._recent(known, now)
-        for key in keys:
-            self._failures[key] = [*self._recent(key, now), now]
-        self._count(reason, request, keys)
+    async def check(self, request: web.Request, *keys: str) -> None:
+        self.refuse(request, keys, await self.recent(keys))
 
-    def _count(self, reason: str, request: web.Request, keys: tuple[str, ...]) -> None:
+    async def fail(self, reason: str, request: web.Request, *keys: str) -> None:
+        self.count(reason, request, keys)
+        await self.store.add_failure(keys)
+
+    def count(self, reason: str, request: web.Request, keys: Sequence[str]) -> None:
         if self.on_failure is not None:
             self.on_failure(reason)
         logger.warning(
@@ -270,8 +289,18 @@ def _from_proxy(request: web.Request, book: auth.TokenBook) -> auth.Principal | 
     return principal_named(book, user)
 
 
+IDENTIFIED = web.RequestKey("identified", tuple)
+
+
 def identify(request: web.Request) -> tuple[auth.Principal | None, Via]:
     """Who is calling and how they proved it (the cookie is not yet checked against CSRF)."""
+    known = request.get(IDENTIFIED)
+    if known is None:
+        known = request[IDENTIFIED] = _identify(request)
+    return known
+
+
+def _identify(request: web.Request) -> tuple[auth.Principal | None, Via]:
     book = request.app.get(TOKENS)
     if book is None:
         return auth.ANONYMOUS_ADMIN, "anonymous"
@@ -284,10 +313,9 @@ def identify(request: web.Request) -> tuple[auth.Principal | None, Via]:
     proxied = _from_proxy(request, book)
     if proxied is not None:
         return proxied, "proxy"
-    sessions = request.app.get(SESSIONS)
-    found = sessions.read(request) if sessions is not None else None
-    if found is not None:
-        return principal_named(book, found[0]), "cookie"
+    session = Sessions.read(request)
+    if session is not None:
+        return principal_named(book, session.principal), "cookie"
     return None, "anonymous"
 
 
@@ -298,24 +326,67 @@ def authenticate(request: web.Request) -> auth.Principal | None:
     return principal
 
 
-def _throttled_authenticate(request: web.Request) -> auth.Principal | None:
-    """``authenticate``, with wrong credentials in ``Authorization`` throttled by client
-    address and token name. Valid credentials always pass: tokens are random secrets, so the
-    throttle slows and records guessing, and nobody sharing an address with Alertmanager (a
-    proxy) can lock its deliveries out by sending wrong tokens."""
-    throttle = request.app.get(THROTTLE)
-    if throttle is None or not request.headers.get("Authorization"):
-        return authenticate(request)
-    principal = authenticate(request)
-    if principal is not None:
-        return principal
+def _failure_keys(request: web.Request) -> tuple[tuple[str, ...], str]:
+    """The throttle keys of wrong credentials in ``Authorization``, and the failure reason."""
     found = _credentials(request)
     keys = [address_key(request)]
     if found is not None and found[0]:
         keys.append(name_key(found[0]))
-    throttle.check(request, *keys)
-    throttle.fail("malformed" if found is None else "unknown_token", request, *keys)
+    return tuple(keys), "malformed" if found is None else "unknown_token"
+
+
+def _throttled_authenticate(request: web.Request) -> auth.Principal | None:
+    """``authenticate``, with wrong credentials in ``Authorization`` throttled by client
+    address and token name (``middleware`` read their recent failures and records this one).
+    Valid credentials always pass: tokens are random secrets, so the throttle slows and
+    records guessing, and nobody sharing an address with Alertmanager (a proxy) can lock its
+    deliveries out by sending wrong tokens."""
+    throttle = request.app.get(THROTTLE)
+    principal = authenticate(request)
+    if principal is not None or throttle is None or not request.headers.get("Authorization"):
+        return principal
+    keys, reason = _failure_keys(request)
+    throttle.refuse(request, keys, request.get(FAILURES_SEEN) or {})
+    if FAILED_KEYS not in request:
+        throttle.count(reason, request, keys)
+        request[FAILED_KEYS] = keys
     return None
+
+
+@web.middleware
+async def middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Read what authentication needs from the database before the handler runs (the
+    cookie's session; the recent failures of wrong credentials), and record a failed
+    sign-in the handler saw once it has answered."""
+    book, sessions_ = request.app.get(TOKENS), request.app.get(SESSIONS)
+    if book is None:
+        return await handler(request)
+    if sessions_ is not None and not request.headers.get("Authorization"):
+        await _resolve_session(request, book, sessions_)
+    throttle = request.app.get(THROTTLE)
+    wrong = request.headers.get("Authorization") and identify(request)[0] is None
+    if throttle is not None and wrong:
+        request[FAILURES_SEEN] = await throttle.recent(_failure_keys(request)[0])
+    try:
+        return await handler(request)
+    finally:
+        keys = request.get(FAILED_KEYS)
+        if throttle is not None and keys:
+            try:
+                await throttle.store.add_failure(keys)
+            except errors.StoreUnavailable as e:
+                logger.warning("failed sign-in not recorded: %s", e)
+
+
+async def _resolve_session(request: web.Request, book: auth.TokenBook, sessions_: Sessions) -> None:
+    found = await sessions_.resolve(request)
+    if found is None:
+        return
+    request[SESSION] = found
+    if principal_named(book, found.principal) is None:  # its token left the tokens file
+        await sessions_.revoke(request, sessions.EndReason.REVOKED)
 
 
 def require(request: web.Request, permission: auth.Permission) -> auth.Principal:
@@ -331,4 +402,4 @@ def require(request: web.Request, permission: auth.Permission) -> auth.Principal
     return principal
 
 
-__all__ = ["TOKENS", "authenticate", "identify", "require"]
+__all__ = ["TOKENS", "authenticate", "identify", "middleware", "require"]

@@ -2,9 +2,10 @@
 
 - ``/runbooks``: runs waiting for approval (with the triggering alert), manual runbooks, recent
   runs; ``/runbooks/runs/{id}``: one run, its plan, approve / reject, live step progress.
-- Sign-in with a token (or HTTP Basic, or the trusted proxy's header) into a signed session
-  cookie: HttpOnly, SameSite=Strict, Secure over TLS (or as configured).
-- Signing out revokes the session; a sign-in nonce is good for one post.
+- Sign-in with a token (or HTTP Basic, or the trusted proxy's header) into a server-side
+  session whose random id is the cookie: HttpOnly, SameSite=Strict, Secure over TLS (or as
+  configured). Sign-in and sign-out are audit events.
+- Signing out revokes the session on every replica; a sign-in nonce is good for one post.
 - Every form post carries a CSRF token bound to the session; without it the post is refused
   (403). Who posts and their role are checked before the body is read (401, 403): auditors get
   no approve button, and a forged post of theirs is refused unread.
@@ -136,29 +137,29 @@ async def login(request: web.Request) -> web.Response:
     throttle = request.app.get(http_auth.THROTTLE)
     keys = [http_auth.address_key(request)]
     if throttle is not None:
-        throttle.check(request, *keys)
+        await throttle.check(request, *keys)
     nonce = request.cookies.get(LOGIN_NONCE, "")
     if not nonce:  # before the body is read: no sign-in form was fetched
         raise web.HTTPForbidden(text="missing or invalid CSRF token")
     form = await hygiene.read_form(request)
     sessions = request.app[http_auth.SESSIONS]
-    if form.get("csrf") != nonce or not sessions.consume_nonce(nonce):
+    if form.get("csrf") != nonce or not await sessions.consume_nonce(nonce):
         raise web.HTTPForbidden(text="missing or invalid CSRF token")
     book = request.app.get(http_auth.TOKENS)
     token, name = str(form.get("token", "")), str(form.get("name", "")).strip() or None
     if name is not None:
         keys.append(http_auth.name_key(name))
     if throttle is not None:
-        throttle.check(request, *keys)
+        await throttle.check(request, *keys)
     principal = book.authenticate(token, name=name) if book is not None and token else None
     if principal is None:
         if throttle is not None:
-            throttle.fail("unknown_token", request, *keys)
+            await throttle.fail("unknown_token", request, *keys)
         return _login_page(request, error='<p class="error">Unknown token.</p>', status=401)
     response = web.HTTPSeeOther("/runbooks")
     response.set_cookie(
         http_auth.COOKIE,
-        sessions.issue(principal.name),
+        await sessions.start(principal.name, request),
         max_age=int(sessions.ttl),
         httponly=True,
         samesite="Strict",
@@ -171,7 +172,7 @@ async def login(request: web.Request) -> web.Response:
 
 async def logout(request: web.Request) -> web.Response:
     await _form(request, auth.Permission.READ)
-    request.app[http_auth.SESSIONS].revoke(request)
+    await request.app[http_auth.SESSIONS].revoke(request)
     response = web.HTTPSeeOther("/runbooks/login")
     response.del_cookie(http_auth.COOKIE, path="/")
     raise response

@@ -7,6 +7,9 @@ import base64
 import logging
 import re
 
+import sqlalchemy as sa
+
+from remediator.adapters.db import tables
 from remediator.adapters.http import auth as http_auth
 from tests.integration.operators.conftest import GATED, TOKENS, basic, bearer
 
@@ -66,9 +69,6 @@ async def test_wrong_tokens_are_throttled_per_address_counted_and_logged(
     make_harness, tokens_path, caplog
 ):
     h = await make_harness(GATED, tokens=tokens_path)
-    throttle = h.client.server.app[http_auth.THROTTLE]
-    now = [1000.0]
-    throttle.clock = lambda: now[0]
     caplog.set_level(logging.WARNING, logger="remediator.http.auth")
     for _ in range(5):
         response = await _post_login(h, await _nonce(h), WRONG)
@@ -80,7 +80,7 @@ async def test_wrong_tokens_are_throttled_per_address_counted_and_logged(
     assert api.status == 429  # the API shares the address's window
     # A valid token on the API always passes: no one can lock Alertmanager out.
     assert (await h.client.get("/api/v1/runs", headers=bearer("olivia"))).status == 200
-    now[0] += 61
+    h.components.clock.advance(61)
     assert (await _post_login(h, await _nonce(h), TOKENS["olivia"][0])).status == 303
     assert (await h.client.get("/api/v1/runs", headers=bearer("olivia"))).status == 200
     metrics = await (await h.client.get("/metrics")).text()
@@ -93,22 +93,21 @@ async def test_wrong_tokens_are_throttled_per_address_counted_and_logged(
 
 async def test_api_wrong_tokens_are_throttled_per_address_and_per_name(make_harness, tokens_path):
     h = await make_harness(GATED, tokens=tokens_path)
-    throttle = h.client.server.app[http_auth.THROTTLE]
-    now = [1000.0]
-    throttle.clock = lambda: now[0]
     for _ in range(5):
         wrong = await h.client.get("/api/v1/runs", headers={"Authorization": f"Bearer {WRONG}"})
         assert wrong.status == 401
     still_wrong = await h.client.get("/api/v1/runs", headers={"Authorization": f"Bearer {WRONG}"})
     assert still_wrong.status == 429
     assert (await h.client.get("/api/v1/runs", headers=bearer("olivia"))).status == 200
-    now[0] += 61
+    h.components.clock.advance(61)
     # The name is throttled wherever the guesses come from (here: the same address, whose
     # window has passed, and whose failures all name olivia).
     for _ in range(5):
         await _post_login(h, await _nonce(h), WRONG, name="olivia")
-    for key in [k for k in throttle._failures if k.startswith("address=")]:
-        del throttle._failures[key]
+    async with h.components.db.write() as conn:
+        await conn.execute(
+            sa.delete(tables.auth_failures).where(tables.auth_failures.c.key.like("address=%"))
+        )
     guess = {"Authorization": "Basic " + base64.b64encode(f"olivia:{WRONG}".encode()).decode()}
     assert (await h.client.get("/api/v1/runs", headers=guess)).status == 429
     assert (await h.client.get("/api/v1/runs", headers=basic("olivia"))).status == 200
