@@ -170,11 +170,16 @@ class Settings(pydantic_settings.BaseSettings):
     )
     session_secret: pydantic.SecretStr | None = pydantic.Field(
         default=None,
-        description="Key signing web sessions and CSRF tokens (random per process if unset: "
-        "set it when several replicas serve the web page).",
+        description="Key signing sign-in nonces and the CSRF tokens of browsers signed in by "
+        "HTTP Basic or the proxy header (random per process if unset: set the same key on every "
+        "replica that serves the web page). Sessions are kept in the database and need no key.",
     )
     session_ttl: float = pydantic.Field(
-        default=12 * 3600.0, gt=0, description="Seconds a web session lasts."
+        default=12 * 3600.0,
+        gt=0,
+        description="Seconds a web session lasts. Sessions are kept in the database: signing "
+        "out on one replica ends the session on all of them; the leader records the expiry of "
+        "a session in the audit trail within a minute.",
     )
     cookie_secure: bool | None = pydantic.Field(
         default=None,
