@@ -159,9 +159,13 @@ def load_playbooks_strict(
     return loaded
 
 
-def load_tokens(path: pathlib.Path) -> auth.TokenBook:
+def load_token_entries(path: pathlib.Path) -> list[auth.TokenEntry]:
     documents = safe_load_all(_read(path))
     data = (documents[0] if documents else None) or []
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a YAML list of tokens")
-    return auth.TokenBook(pydantic.TypeAdapter(list[auth.TokenEntry]).validate_python(data))
+    return pydantic.TypeAdapter(list[auth.TokenEntry]).validate_python(data)
+
+
+def load_tokens(path: pathlib.Path) -> auth.TokenBook:
+    return auth.TokenBook(load_token_entries(path))

@@ -28,6 +28,7 @@ from remediator.adapters.http import guards as guards_http
 from remediator.adapters.http import intake as http_intake
 from remediator.adapters.http import plan as plan_http
 from remediator.adapters.kubernetes import leases as kube_leases
+from remediator.app import logs
 from remediator.app import settings as settings_mod
 from remediator.domain import alerts, errors, playbooks, records
 from remediator.domain import auth as domain_auth
@@ -140,7 +141,12 @@ class Components:
         self.singletons: dict[str, leader.Loop] = {"retention": lambda: _retention(self)}
         self.elector: leader.Elector | None = None
         self.engine.is_leader = self.is_leader
-        self.tokens = files.load_tokens(settings.tokens) if settings.tokens else None
+        entries = files.load_token_entries(settings.tokens) if settings.tokens else None
+        self.tokens = domain_auth.TokenBook(entries) if entries is not None else None
+        # Exact secret values are redacted from every log line (see ``logs``).
+        logs.add_secrets(entry.token for entry in entries or () if entry.token is not None)
+        if settings.session_secret is not None:
+            logs.add_secrets([settings.session_secret.get_secret_value()])
         self.sessions = db_sessions.SqlSessions(self.db, self.store, clock=clock)
 
     def previewer(self) -> previewing.Previewer:
