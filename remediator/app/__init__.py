@@ -131,6 +131,7 @@ class Components:
                 shutdown_grace=settings.shutdown_grace,
                 guards=settings.guards,
                 guard_channel=settings.guard_channel,
+                node_labels=tuple(settings.target_node_labels),
             ),
             owner=settings.worker_id,
         )
@@ -159,6 +160,7 @@ class Components:
             guards=self.settings.guards,
             clock=self.clock,
             dry_run=self.settings.dry_run,
+            node_labels=tuple(self.settings.target_node_labels),
         )
 
     async def plan_payload(self, payload: alerts.WebhookPayload) -> list[dict[str, Any]]:

@@ -56,6 +56,7 @@ async def plan_body(
             guards=settings.guards,
             clock=lambda: dt.datetime.now(dt.UTC),
             dry_run=settings.dry_run,
+            node_labels=tuple(settings.target_node_labels),
         )
         planned = await previewer.plan_payload(payload)
     finally:

@@ -14,6 +14,7 @@ import pydantic_settings
 
 from remediator.adapters import kubernetes as kube_adapter
 from remediator.domain import guards as guards_mod
+from remediator.domain import targeting
 
 _CONFIG_FILE: contextvars.ContextVar[pathlib.Path | None] = contextvars.ContextVar(
     "config_file", default=None
@@ -112,6 +113,14 @@ class Settings(pydantic_settings.BaseSettings):
     )
     guard_channel: str = pydantic.Field(
         default="default", description="Notification channel told when the breaker opens."
+    )
+    target_node_labels: list[str] = pydantic.Field(
+        default_factory=lambda: list(targeting.DEFAULT_ORDER),
+        min_length=1,
+        description="Alert labels an alert's node is taken from, in order (a playbook's "
+        "target.node_labels overrides it). A value counts only if it is an existing Node, the "
+        "IP of a pod (instance=host:port of an exporter pod) or a pod in the alert's namespace, "
+        "which stand for the node they run on; the first that does wins.",
     )
     alertmanager_url: pydantic.AnyHttpUrl | None = pydantic.Field(
         default=None,

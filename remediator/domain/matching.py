@@ -89,7 +89,7 @@ def matches_all(matchers: Iterable[Matcher], labels: Mapping[str, str]) -> bool:
 
 
 DEFAULT_NODE_LABELS = ("node", "Hostname", "hostname", "kubernetes_node", "instance")
-DEFAULT_GPU_LABELS = ("UUID", "gpu")
+DEFAULT_GPU_LABELS = ("UUID", "pci_bus_id", "gpu")
 
 
 def strip_port(value: str) -> str:

@@ -67,12 +67,15 @@ class MatchSpec(_Strict):
 class TargetSpec(_Strict):
     node_labels: list[str] = pydantic.Field(
         default_factory=lambda: list(matching.DEFAULT_NODE_LABELS),
-        description="Labels to take the node name from, first non-empty wins "
-        "(instance has its port stripped).",
+        description="Labels to take the node from, in order; when left out, the "
+        "target_node_labels setting. The first whose value (port stripped) is an existing "
+        "Node, the IP of a pod, or a pod in the alert's namespace (standing for the node it "
+        "runs on) wins; when none is, the run fails with every candidate and why.",
     )
     gpu_labels: list[str] = pydantic.Field(
         default_factory=lambda: list(matching.DEFAULT_GPU_LABELS),
-        description="Labels to take the GPU (UUID or index) from, first non-empty wins.",
+        description="Labels to take the GPU (UUID, PCI bus id or index) from, first non-empty "
+        "wins; GPU actions find it among what nvidia-smi reports on the node.",
     )
     require_node: bool = pydantic.Field(
         default=True, description="Refuse to run when no node can be found in the labels."

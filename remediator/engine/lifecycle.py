@@ -30,9 +30,19 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from remediator.domain import alerts, auth, errors, guards, playbooks, records, runs, transitions
+from remediator.domain import (
+    alerts,
+    auth,
+    errors,
+    guards,
+    playbooks,
+    records,
+    runs,
+    targeting,
+    transitions,
+)
 from remediator.engine import approvals, planning
 from remediator.ports import actions, store
 
@@ -48,13 +58,17 @@ class Notice:
     """Something on-call should hear once: a held or parked step, a suppressed or waiting run,
     a run that ended badly. ``key`` makes the notification idempotent."""
 
-    kind: str  # held | approval | suppressed | waiting | undo_failed
+    kind: str  # held | approval | suppressed | waiting | undo_failed | unplanned
     reason: str
     key: str
     run_id: int | None = None
     playbook: str = ""
     node: str | None = None
     unblock: str = ""
+
+
+#: The confirmed node choice per playbook name, for one episode.
+Targets = Mapping[str, targeting.Choice]
 
 
 @dataclasses.dataclass
@@ -83,7 +97,10 @@ def handle_episode(
     dry_run: bool,
     guard_base: guards.GuardConfig | None = None,
     report: Report | None = None,
+    targets: Targets | None = None,
 ) -> int:
+    """``targets``: the node the cluster confirmed for each matching playbook (by name; see
+    ``engine.targeting``); without them each playbook takes its first non-empty node label."""
     report = report if report is not None else Report()
     created = 0
     if episode.status is alerts.AlertStatus.FIRING:
@@ -96,6 +113,7 @@ def handle_episode(
                 dry_run=dry_run,
                 guard_base=guard_base or guards.GuardConfig(),
                 report=report,
+                node=(targets or {}).get(playbook.name),
             )
     elif episode.handled_status is None:
         tx.add_event(
@@ -123,8 +141,22 @@ def _create_alert_run(
     dry_run: bool,
     guard_base: guards.GuardConfig,
     report: Report,
+    node: targeting.Choice | None = None,
 ) -> int:
-    new = planning.plan_alert_run(playbook, episode, registry, dry_run=dry_run)
+    new = planning.plan_alert_run(playbook, episode, registry, dry_run=dry_run, node=node)
+    if new.status is runs.RunStatus.FAILED:
+        # Planned as failed (no confirmed node, a template without a value, a refused param):
+        # on-call hears it; the alert is not silently dropped.
+        report.notices.append(
+            Notice(
+                kind="unplanned",
+                reason=f"{episode.alertname} could not be acted on: {new.reason}",
+                key=f"unplanned-{episode.id}-{playbook.name}",
+                playbook=playbook.name,
+                node=new.node,
+            )
+        )
+        return 1 if tx.insert_run(new, actor=ENGINE) is not None else 0
     new = _escalate_repeat_offender(tx, new, playbook.guards.apply(guard_base), registry)
     if new.status is runs.RunStatus.PENDING and playbook.cooldown and new.node:
         key = _cooldown_key(playbook, new.node, new.gpu)

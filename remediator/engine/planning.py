@@ -14,12 +14,20 @@ past the lock of the run that holds the other.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pydantic
 
-from remediator.domain import errors, matching, playbooks, records, runs, templating
+from remediator.domain import (
+    errors,
+    matching,
+    playbooks,
+    records,
+    runs,
+    targeting,
+    templating,
+)
 from remediator.ports import actions
 
 
@@ -29,11 +37,24 @@ class Target:
     gpu: str | None
 
 
-def find_target(playbook: playbooks.Playbook, labels: Mapping[str, str]) -> Target:
-    return Target(
-        node=matching.first_label(labels, playbook.target.node_labels),
-        gpu=matching.first_label(labels, playbook.target.gpu_labels),
-    )
+def node_order(playbook: playbooks.Playbook, default: Sequence[str]) -> tuple[str, ...]:
+    """The labels a playbook takes its node from: its own ``target.node_labels`` when it sets
+    them, else the global order (setting ``target_node_labels``)."""
+    if "node_labels" in playbook.target.model_fields_set:
+        return tuple(playbook.target.node_labels)
+    return tuple(default)
+
+
+def find_target(
+    playbook: playbooks.Playbook,
+    labels: Mapping[str, str],
+    node: targeting.Choice | None = None,
+) -> Target:
+    """``node``: the node the cluster confirmed (``engine.targeting``); without it (no
+    cluster to ask) the first non-empty label of the playbook's order."""
+    if node is None:
+        node = targeting.unverified(labels, node_order(playbook, targeting.DEFAULT_ORDER))
+    return Target(node=node.node, gpu=matching.first_label(labels, playbook.target.gpu_labels))
 
 
 def template_context(
@@ -128,8 +149,14 @@ def plan_alert_run(
     registry: actions.Registry,
     *,
     dry_run: bool = False,
+    node: targeting.Choice | None = None,
 ) -> records.NewRun:
-    target = find_target(playbook, episode.labels)
+    """``node``: the choice among the alert's node candidates (``engine.targeting``); a run
+    whose playbook needs a node and got none fails with the choice's reason."""
+    node = node or targeting.unverified(
+        episode.labels, node_order(playbook, targeting.DEFAULT_ORDER)
+    )
+    target = find_target(playbook, episode.labels, node)
     base = records.NewRun(
         playbook=playbook.name,
         kind=runs.RunKind.ALERT,
@@ -142,10 +169,7 @@ def plan_alert_run(
         reason=f"{episode.alertname} fired",
     )
     if playbook.target.require_node and not target.node:
-        wanted = ", ".join(playbook.target.node_labels)
-        return dataclasses.replace(
-            base, status=runs.RunStatus.FAILED, reason=f"no node label found (looked at {wanted})"
-        )
+        return dataclasses.replace(base, status=runs.RunStatus.FAILED, reason=node.reason)
     context = template_context(
         labels=episode.labels,
         annotations=episode.annotations,

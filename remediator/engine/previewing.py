@@ -18,7 +18,8 @@ import pydantic
 
 from remediator.domain import alerts, playbooks, records, runs
 from remediator.domain import guards as guard_rules
-from remediator.engine import guarding, planning
+from remediator.domain import targeting as targeting_rules
+from remediator.engine import guarding, planning, targeting
 from remediator.ports import actions, cluster, notify, store
 
 
@@ -32,6 +33,7 @@ class Previewer:
     guards: guard_rules.GuardConfig
     clock: Callable[[], dt.datetime]
     dry_run: bool = False
+    node_labels: tuple[str, ...] = targeting_rules.DEFAULT_ORDER
 
     async def plan_payload(self, payload: alerts.WebhookPayload) -> list[dict[str, Any]]:
         return [await self.plan_alert(alert) for alert in payload.alerts]
@@ -53,8 +55,12 @@ class Previewer:
             resolved_at=None,
         )
         matched = []
+        resolver = targeting.NodeResolver(self.cluster) if self.cluster is not None else None
         for playbook in self.index.match(episode.labels):
-            new = planning.plan_alert_run(playbook, episode, self.registry, dry_run=self.dry_run)
+            node = await self._node(resolver, playbook, episode.labels)
+            new = planning.plan_alert_run(
+                playbook, episode, self.registry, dry_run=self.dry_run, node=node
+            )
             matched.append(await self._plan_run(playbook, new, episode.labels, alert))
         return {
             "alert": alerts.describe(alert),
@@ -64,6 +70,21 @@ class Previewer:
             else "",
             "playbooks": matched,
         }
+
+    async def _node(
+        self,
+        resolver: targeting.NodeResolver | None,
+        playbook: playbooks.Playbook,
+        labels: dict[str, str],
+    ) -> targeting_rules.Choice:
+        """The node the engine would choose (the cluster confirms it, as in the engine)."""
+        order = planning.node_order(playbook, self.node_labels)
+        if resolver is None:
+            return targeting_rules.unverified(labels, order)
+        try:
+            return await resolver.choose(labels, order)
+        except targeting.TargetUnavailable as e:
+            return targeting_rules.Choice(node=None, reason=f"no node confirmed: {e}")
 
     async def _plan_run(
         self,

@@ -23,9 +23,18 @@ import uuid
 from collections.abc import Callable
 from typing import Protocol
 
-from remediator.domain import errors, playbooks, records
+from remediator.domain import alerts, errors, playbooks, records
 from remediator.domain import guards as guards_mod
-from remediator.engine import executor, guarding, isolation, lifecycle, silencing
+from remediator.domain import targeting as targeting_rules
+from remediator.engine import (
+    executor,
+    guarding,
+    isolation,
+    lifecycle,
+    planning,
+    silencing,
+    targeting,
+)
 from remediator.ports import store
 
 logger = logging.getLogger("remediator.engine")
@@ -48,6 +57,12 @@ class EngineSettings:
     max_lost_leases: int = 3
     guards: guards_mod.GuardConfig = dataclasses.field(default_factory=guards_mod.GuardConfig)
     guard_channel: str = "default"
+    node_labels: tuple[str, ...] = targeting_rules.DEFAULT_ORDER
+    """The global order of labels an alert's node is taken from (playbooks may override it)."""
+    targeting_ttl: float = 30.0
+    """Seconds the cluster's answers about node candidates are reused."""
+    targeting_wait: dt.timedelta = dt.timedelta(minutes=2)
+    """How long an episode waits for a cluster that cannot say which node it is about."""
 
 
 class Engine:
@@ -70,6 +85,7 @@ class Engine:
         self._wake = asyncio.Event()
         self._in_flight: dict[int, asyncio.Task[None]] = {}
         self._gpu_nodes: tuple[dt.datetime, dict[str, dict[str, str]]] | None = None
+        self._resolver: targeting.NodeResolver | None = None
         self._silence_check = 0.0
         self._woken = False
         self._stopping = False
@@ -130,6 +146,7 @@ class Engine:
 
     async def handle_episodes(self) -> bool:
         index, registry, dry_run = self.rules.index, self.services.registry, self.settings.dry_run
+        targets = await self._targets(index)
 
         report = lifecycle.Report()
 
@@ -138,6 +155,8 @@ class Engine:
             for episode in tx.lock_unhandled_episodes(self.settings.batch):
                 if handled and tx.should_yield():
                     break  # the rest stay unhandled for the next pass
+                if targets is not None and episode.id not in targets:
+                    continue  # arrived after the targets were read, or the cluster was silent
                 isolation.run_unit(
                     tx,
                     f"episode:{episode.id}",
@@ -150,6 +169,7 @@ class Engine:
                         dry_run=dry_run,
                         guard_base=self.settings.guards,
                         report=report,
+                        targets=self._episode_targets(targets, episode, index),
                     ),
                     quarantine=functools.partial(lifecycle.quarantine_episode, tx, episode),
                     report=report,
@@ -160,6 +180,61 @@ class Engine:
         handled = await self.services.store.run("episodes", work)
         await self.publish(report)
         return bool(handled)
+
+    def _episode_targets(
+        self,
+        targets: dict[int, lifecycle.Targets] | None,
+        episode: records.Episode,
+        index: playbooks.PlaybookIndex,
+    ) -> lifecycle.Targets:
+        if targets is not None:
+            return targets[episode.id]
+        order = self.settings.node_labels  # no cluster to ask: the labels, unconfirmed
+        return {
+            p.name: targeting_rules.unverified(episode.labels, planning.node_order(p, order))
+            for p in index.match(episode.labels)
+        }
+
+    async def _targets(self, index: playbooks.PlaybookIndex) -> dict[int, lifecycle.Targets] | None:
+        """The confirmed node of every unhandled firing episode, per matching playbook, read
+        before the transaction that plans their runs (the cluster is never asked inside one).
+        ``None`` without a cluster. An episode the cluster cannot answer for is left out, so
+        it waits for a later pass; past ``targeting_wait`` it is planned as failed."""
+        cluster = self.services.cluster
+        if cluster is None:
+            return None
+        if self._resolver is None or self._resolver.cluster is not cluster:
+            self._resolver = targeting.NodeResolver(cluster, ttl=self.settings.targeting_ttl)
+        episodes = await self.services.store.run(
+            "episodes.peek", lambda tx: tx.lock_unhandled_episodes(self.settings.batch)
+        )
+        now = self.services.clock()
+        found: dict[int, lifecycle.Targets] = {}
+        for episode in episodes:
+            if episode.status is not alerts.AlertStatus.FIRING:
+                found[episode.id] = {}
+                continue
+            try:
+                found[episode.id] = await self._choose(episode, index, self._resolver)
+            except targeting.TargetUnavailable as e:
+                if now - episode.created_at < self.settings.targeting_wait:
+                    logger.warning("episode %s waits for its node: %s", episode.id, e)
+                    continue
+                failed = targeting_rules.Choice(node=None, reason=f"no node confirmed: {e}")
+                found[episode.id] = {p.name: failed for p in index.match(episode.labels)}
+        return found
+
+    async def _choose(
+        self,
+        episode: records.Episode,
+        index: playbooks.PlaybookIndex,
+        resolver: targeting.NodeResolver,
+    ) -> lifecycle.Targets:
+        chosen: dict[str, targeting_rules.Choice] = {}
+        for playbook in index.match(episode.labels):
+            order = planning.node_order(playbook, self.settings.node_labels)
+            chosen[playbook.name] = await resolver.choose(episode.labels, order)
+        return chosen
 
     async def start_runs(self) -> bool:
         index = self.rules.index

@@ -143,6 +143,8 @@ def pod_template(workload: fleet_mod.Workload) -> Obj:
     spec: Obj = {"containers": containers, "terminationGracePeriodSeconds": workload.grace_seconds}
     if workload.empty_dir:
         spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    if workload.host_network:
+        spec["hostNetwork"] = True
     if workload.node_selector:
         spec["nodeSelector"] = dict(workload.node_selector)
     tolerations = [dict(t) for t in workload.tolerations]

@@ -114,6 +114,8 @@ class Workload(_Model):
     tolerations: list[dict[str, Any]] = []
     empty_dir: bool = False
     grace_seconds: int = 30
+    host_network: bool = False
+    """Pods share the node's network namespace: their podIP is the node's InternalIP."""
 
 
 class Pdb(_Model):

@@ -198,6 +198,12 @@ def mark_running(pod: Obj, host_ip: str) -> None:
         for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")
     ]
     name = pod["metadata"]["name"]
+    # The kubelet gives a host-network pod the node's IP; others get one from the pod CIDR.
+    pod_ip = (
+        host_ip
+        if pod["spec"].get("hostNetwork")
+        else _ip(pod["metadata"].get("uid", name), "10.244")
+    )
     statuses = [
         {
             "name": c["name"],
@@ -220,8 +226,8 @@ def mark_running(pod: Obj, host_ip: str) -> None:
         "conditions": conditions,
         "hostIP": host_ip,
         "hostIPs": [{"ip": host_ip}],
-        "podIP": _ip(pod["metadata"].get("uid", name), "10.244"),
-        "podIPs": [{"ip": _ip(pod["metadata"].get("uid", name), "10.244")}],
+        "podIP": pod_ip,
+        "podIPs": [{"ip": pod_ip}],
         "startTime": now,
         "containerStatuses": statuses,
         "qosClass": pod.get("status", {}).get("qosClass", "BestEffort"),

@@ -120,6 +120,12 @@ _COMMON = {
     "metadata.namespace": _path("metadata", "namespace"),
 }
 
+
+def _host_network(obj: Mapping[str, Any]) -> str:
+    """kube-apiserver answers ``spec.hostNetwork`` as "true"/"false", unset being "false"."""
+    return "true" if _path("spec", "hostNetwork")(obj) == "true" else "false"
+
+
 FIELDS: dict[str, dict[str, FieldGetter]] = {
     "pods": {
         **_COMMON,
@@ -127,6 +133,7 @@ FIELDS: dict[str, dict[str, FieldGetter]] = {
         "spec.restartPolicy": _path("spec", "restartPolicy"),
         "spec.schedulerName": _path("spec", "schedulerName"),
         "spec.serviceAccountName": _path("spec", "serviceAccountName"),
+        "spec.hostNetwork": _host_network,
         "status.phase": _path("status", "phase"),
         "status.podIP": _path("status", "podIP"),
         "status.nominatedNodeName": _path("status", "nominatedNodeName"),
