@@ -206,7 +206,8 @@ class Settings(pydantic_settings.BaseSettings):
 
     leader_election: Literal["auto", "database", "kubernetes", "off"] = pydantic.Field(
         default="auto",
-        description="Who runs the singleton loops (lease sweeper, approval expiry, retention): "
+        description="Who runs the singleton loops (lease sweeper, approval expiry, retention, "
+        "session sweep): "
         "`kubernetes` a coordination.k8s.io Lease, `database` a row in leader_leases, `off` "
         "every replica (one replica only). `auto`: kubernetes when `kubernetes` is set and "
         "running in a cluster, else database on Postgres and off on SQLite (one replica).",

@@ -293,7 +293,10 @@ IDENTIFIED = web.RequestKey("identified", tuple)
 
 
 def identify(request: web.Request) -> tuple[auth.Principal | None, Via]:
-    """Who is calling and how they proved it (the cookie is not yet checked against CSRF)."""
+    """Who is calling and how they proved it (the cookie is not yet checked against CSRF).
+    Credentials in ``Authorization`` are checked once per request (``middleware`` asks too)."""
+    if not request.headers.get("Authorization"):
+        return _identify(request)
     known = request.get(IDENTIFIED)
     if known is None:
         known = request[IDENTIFIED] = _identify(request)
