@@ -530,13 +530,30 @@ async def _elector(components: Components) -> leader.Elector:
 
 async def _retention(components: Components) -> None:
     while True:
-        with contextlib.suppress(Exception):
-            await retention.delete_old_deliveries(
-                components.db,
-                older_than=components.clock()
-                - dt.timedelta(days=components.settings.delivery_retention_days),
-            )
+        await retention_pass(components)
         await asyncio.sleep(3600)
+
+
+async def retention_pass(components: Components) -> None:
+    """Expired webhook bodies are deleted, then expired alert episodes reduced or deleted."""
+    settings, now = components.settings, components.clock()
+    with contextlib.suppress(Exception):
+        await retention.delete_old_deliveries(
+            components.db, older_than=now - dt.timedelta(days=settings.delivery_retention_days)
+        )
+    if not settings.alert_retention_days:
+        return
+    try:
+        pruned = await retention.prune_alert_episodes(
+            components.db, ended_before=now - dt.timedelta(days=settings.alert_retention_days)
+        )
+    except Exception:
+        logger.exception("alert retention pass failed; trying again in an hour")
+        return
+    if pruned.reduced or pruned.deleted:
+        logger.info(
+            "alert retention: %d episodes reduced, %d deleted", pruned.reduced, pruned.deleted
+        )
 
 
 async def sweep_sessions(components: Components) -> int:

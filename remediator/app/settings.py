@@ -99,6 +99,14 @@ class Settings(pydantic_settings.BaseSettings):
     delivery_retention_days: int = pydantic.Field(
         default=90, ge=1, description="Raw webhook bodies older than this are deleted."
     )
+    alert_retention_days: int = pydantic.Field(
+        default=90,
+        ge=0,
+        description="Alert episodes that ended (resolved and handled) longer ago than this, "
+        "with every run finished, keep only their alert name, severity and node/GPU labels; "
+        "annotations and the generator URL are cleared, and episodes no run refers to are "
+        "deleted. Runs and the audit log are kept. 0 keeps episodes whole.",
+    )
     notify_channels: dict[str, NotifyChannel] = pydantic.Field(
         default_factory=dict, description="Notification channels by name (used by `notify`)."
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import pathlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -19,9 +20,11 @@ import sqlalchemy as sa
 
 from remediator.adapters.db import audit as db_audit
 from remediator.adapters.db import database, intake, migrate, tables
+from remediator.adapters.db import retention as db_retention
 from remediator.adapters.db import store as sql_store
+from remediator.adapters.memory import retention as memory_retention
 from remediator.adapters.memory import store as memory_store
-from remediator.domain import alerts
+from remediator.domain import alerts, retention
 from tests.conftest import FakeClock, _psql, backends, fresh_pg_database
 
 
@@ -41,6 +44,11 @@ class Backend:
     async def chain_ok(self) -> bool:
         raise NotImplementedError
 
+    async def prune_alerts(self, *, ended_before: dt.datetime, batch: int) -> retention.Pruned:
+        """One alert retention pass (retention is not part of the port: it runs on the SQL
+        database directly)."""
+        raise NotImplementedError
+
     async def close(self) -> None:
         return None
 
@@ -54,6 +62,12 @@ class MemoryBackend(Backend):
 
     async def chain_ok(self) -> bool:
         return bool(self.store.verify().ok)
+
+    async def prune_alerts(self, *, ended_before: dt.datetime, batch: int) -> retention.Pruned:
+        return await self.store.run(
+            "retention",
+            lambda tx: memory_retention.prune_alert_episodes(tx, ended_before=ended_before),
+        )
 
 
 @dataclasses.dataclass
@@ -78,6 +92,11 @@ class SqlBackend(Backend):
 
     async def chain_ok(self) -> bool:
         return (await db_audit.AuditQueries(self.db).verify()).ok
+
+    async def prune_alerts(self, *, ended_before: dt.datetime, batch: int) -> retention.Pruned:
+        return await db_retention.prune_alert_episodes(
+            self.db, ended_before=ended_before, batch=batch
+        )
 
     async def close(self) -> None:
         self.writing.cancel()
