@@ -30,6 +30,8 @@ def _add_settings_options(parser: argparse.ArgumentParser, names: tuple[str, ...
         "sqlite+aiosqlite:///remediator.db)",
         "rules": "playbook directory (REMEDIATOR_RULES; default ./rules)",
         "tokens": "tokens file (REMEDIATOR_TOKENS)",
+        "audit_key_file": "audit HMAC key file or directory (REMEDIATOR_AUDIT_KEY_FILE)",
+        "audit_key_id": "the signing key's id when there are several (REMEDIATOR_AUDIT_KEY_ID)",
     }
     for name in names:
         parser.add_argument("--" + name.replace("_", "-"), dest=name, help=helps[name])
@@ -239,10 +241,14 @@ def _audit_export(args: argparse.Namespace) -> int:
 
 
 def _audit_verify(args: argparse.Namespace) -> int:
+    import remediator.app as app_mod
     from remediator.app import client
 
+    settings = _settings(args, ("database_url", "audit_key_file", "audit_key_id"))
+    anchors = args.anchors or settings.audit_anchor_file
+    keys = app_mod.audit_keys(settings)
     if args.file:
-        result = client.verify_export(pathlib.Path(args.file))
+        result = client.verify_export(pathlib.Path(args.file), keys)
         report = {
             "ok": result.ok,
             "checked": result.checked,
@@ -250,8 +256,13 @@ def _audit_verify(args: argparse.Namespace) -> int:
             "reason": result.reason,
         }
     elif args.database_url or not args.server:
-        settings = _settings(args, ("database_url",))
-        report = asyncio.run(client.verify_database(settings.database_url)).json()
+        report = asyncio.run(
+            client.verify_database(
+                settings.database_url,
+                keys=keys,
+                anchors=pathlib.Path(anchors) if anchors else None,
+            )
+        ).json()
     else:
         api = client.Client(args.server, args.token)
         try:
@@ -341,7 +352,10 @@ def _add_operator_commands(commands: Any) -> None:
     )
     _server_options(verify)
     verify.add_argument("--file", help="a JSON Lines export to verify offline")
-    _add_settings_options(verify, ("database_url",))
+    verify.add_argument(
+        "--anchors", help="anchor file to compare the chain with (default: audit_anchor_file)"
+    )
+    _add_settings_options(verify, ("database_url", "audit_key_file", "audit_key_id"))
     verify.set_defaults(func=_audit_verify)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import importlib
 import ipaddress
@@ -17,7 +18,15 @@ from typing import Any
 from aiohttp import web
 
 from remediator import actions as builtin_actions
-from remediator.adapters import alertmanager, files, kubernetes, leader, metrics, notify
+from remediator.adapters import (
+    alertmanager,
+    auditfiles,
+    files,
+    kubernetes,
+    leader,
+    metrics,
+    notify,
+)
 from remediator.adapters.db import audit as db_audit
 from remediator.adapters.db import database, intake, migrate, queries, retention, store
 from remediator.adapters.db import sessions as db_sessions
@@ -30,7 +39,7 @@ from remediator.adapters.http import plan as plan_http
 from remediator.adapters.kubernetes import leases as kube_leases
 from remediator.app import logs
 from remediator.app import settings as settings_mod
-from remediator.domain import alerts, errors, playbooks, records
+from remediator.domain import alerts, audit, errors, playbooks, records
 from remediator.domain import auth as domain_auth
 from remediator.engine import (
     approvals,
@@ -99,7 +108,8 @@ class Components:
         self.metrics = metrics.Metrics()
         self.db = database.Database(settings.database_url, timeout=settings.database_timeout)
         self.db.latency_observer = self.metrics.observe_db
-        self.store = store.SqlStore(self.db, clock=clock)
+        self.audit_keys = audit_keys(settings)
+        self.store = store.SqlStore(self.db, clock=clock, keys=self.audit_keys)
         self.queries = queries.Queries(self.db)
         self.registry = registry
         self.rules = Rules(settings.rules, registry)
@@ -136,10 +146,17 @@ class Components:
             owner=settings.worker_id,
         )
         self.reconciler = reconciler.Reconciler(services)
-        self.writer = intake.IntakeWriter(self.db, clock=clock, on_change=self.engine.wake)
+        self.writer = intake.IntakeWriter(
+            self.db, clock=clock, on_change=self.engine.wake, keys=self.audit_keys
+        )
+        self.audit = db_audit.AuditQueries(
+            self.db, keys=self.audit_keys, anchors=settings.audit_anchor_file
+        )
         # Singleton loops run only on the leader (``_lifecycle`` builds the elector); the
         # engine's lease sweeper asks the same elector.
         self.singletons: dict[str, leader.Loop] = {"retention": lambda: _retention(self)}
+        if settings.audit_anchor_file is not None:
+            self.singletons["audit-anchor"] = lambda: anchor_forever(self)
         self.elector: leader.Elector | None = None
         self.engine.is_leader = self.is_leader
         entries = files.load_token_entries(settings.tokens) if settings.tokens else None
@@ -391,9 +408,7 @@ def create_app(
     app[runbooks.RUNBOOKS] = runbooks.RunbookDeps(
         components.db, components.rules, components.trigger, components.select_nodes
     )
-    app[http_audit.AUDIT] = http_audit.AuditDeps(
-        db_audit.AuditQueries(components.db), settings.artifact_dir
-    )
+    app[http_audit.AUDIT] = http_audit.AuditDeps(components.audit, settings.artifact_dir)
     app[health.HEALTH] = health.HealthDeps(
         components.db, components.rules, components.metrics, clock=components.clock
     )
@@ -554,6 +569,46 @@ async def retention_pass(components: Components) -> None:
         logger.info(
             "alert retention: %d episodes reduced, %d deleted", pruned.reduced, pruned.deleted
         )
+
+
+def audit_keys(settings: settings_mod.Settings) -> audit.AuditKeys | None:
+    """The audit chain's keys from the settings (``None``: an unkeyed chain)."""
+    if settings.audit_key_file is None:
+        return None
+    try:
+        return auditfiles.load_keys(settings.audit_key_file, settings.audit_key_id)
+    except audit.AuditKeyError as e:
+        raise SystemExit(f"audit_key_file: {e}") from None
+
+
+async def anchor_once(components: Components) -> audit.Anchor | None:
+    """Append the chain head to the anchor file if it moved since the last anchor."""
+    path = components.settings.audit_anchor_file
+    assert path is not None
+    head = await components.audit.head()
+    if head is None:
+        return None
+    previous = await asyncio.to_thread(auditfiles.read_anchors, path)
+    if previous and previous[-1].last_id == head[0]:
+        return None
+    anchor = audit.Anchor(head[0], head[1], components.clock().isoformat())
+    if components.audit_keys is not None:
+        anchor = dataclasses.replace(anchor, mac=audit.mac(components.audit_keys, anchor.text()))
+    await asyncio.to_thread(auditfiles.append_anchor, path, anchor)
+    return anchor
+
+
+async def anchor_forever(components: Components) -> None:
+    """The leader writes the chain head outside the database every ``audit_anchor_interval``
+    seconds, so a writer who rewrites or cuts the chain cannot also rewrite its anchors."""
+    while True:
+        try:
+            await anchor_once(components)
+        except errors.RemediatorError as e:
+            logger.warning("audit anchor not written: %s", e)
+        except Exception:
+            logger.exception("audit anchor not written; the next interval tries again")
+        await asyncio.sleep(components.settings.audit_anchor_interval)
 
 
 async def sweep_sessions(components: Components) -> int:

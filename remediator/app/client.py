@@ -85,16 +85,18 @@ def _events(path: pathlib.Path) -> Iterator[dict[str, Any]]:
                 yield event
 
 
-def verify_export(path: pathlib.Path) -> audit.VerifyResult:
+def verify_export(path: pathlib.Path, keys: audit.AuditKeys | None = None) -> audit.VerifyResult:
     """Verify a JSON Lines export offline: each event's hash covers its content and its
     ``prev_hash``; consecutive events link; event 1 links to the genesis hash; the trailer
     line matches the events (count, first and last id, last hash), and an unfiltered export
     holds consecutive ids. A filtered export is checked event by event and across every run
-    of consecutive ids."""
+    of consecutive ids. Keyed events need the audit key, and once an event is keyed every
+    later one must be."""
     previous: dict[str, Any] | None = None
     found = audit.ExportTrailer(filtered=False)
     trailer: audit.ExportTrailer | None = None
     unlinked: int | None = None  # the first event not linked to the one before it
+    keyed = False
     for event in _events(path):
         if trailer is not None:
             return audit.VerifyResult(False, found.count, None, "lines after the trailer")
@@ -108,7 +110,10 @@ def verify_export(path: pathlib.Path) -> audit.VerifyResult:
                 last_hash=given.get("lastHash"),
             )
             continue
-        broken = _broken_link(event, previous)
+        broken = _broken_link(event, previous, keys)
+        if broken is None and keyed and event.get("key_id") is None:
+            broken = "an unkeyed event after keyed ones"
+        keyed = keyed or event.get("key_id") is not None
         if broken is not None:
             return audit.VerifyResult(False, found.count, event["id"], broken)
         expected = previous["hash"] if previous is not None else audit.GENESIS
@@ -128,7 +133,9 @@ def verify_export(path: pathlib.Path) -> audit.VerifyResult:
     return audit.VerifyResult(True, found.count)
 
 
-def _broken_link(event: dict[str, Any], previous: dict[str, Any] | None) -> str | None:
+def _broken_link(
+    event: dict[str, Any], previous: dict[str, Any] | None, keys: audit.AuditKeys | None
+) -> str | None:
     if event["id"] == 1 and event["prev_hash"] != audit.GENESIS:
         return "first event does not start the chain"
     if previous is not None:
@@ -136,14 +143,19 @@ def _broken_link(event: dict[str, Any], previous: dict[str, Any] | None) -> str 
             return "events out of order"
         if event["id"] == previous["id"] + 1 and event["prev_hash"] != previous["hash"]:
             return "prev_hash does not link"
-    if audit.chain_hash(event["prev_hash"], event) != event["hash"]:
-        return "content does not match its hash"
+    try:
+        if audit.chain_hash(event["prev_hash"], event, keys) != event["hash"]:
+            return "content does not match its hash"
+    except audit.AuditKeyError as e:
+        return str(e)
     return None
 
 
-async def verify_database(url: str) -> db_audit.ChainReport:
+async def verify_database(
+    url: str, *, keys: audit.AuditKeys | None = None, anchors: pathlib.Path | None = None
+) -> db_audit.ChainReport:
     db = database.Database(url)
     try:
-        return await db_audit.AuditQueries(db).verify()
+        return await db_audit.AuditQueries(db, keys=keys, anchors=anchors).verify()
     finally:
         await db.dispose()

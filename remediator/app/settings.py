@@ -175,6 +175,25 @@ class Settings(pydantic_settings.BaseSettings):
         description="Seconds between reconciler passes, which compare the effects remediator "
         "applied with the cluster (one pass also runs at start-up).",
     )
+    audit_key_file: pathlib.Path | None = pydantic.Field(
+        default=None,
+        description="HMAC key(s) for the audit chain, never stored in the database: a file "
+        "holding one key (its name is the key id) or a directory of them (a mounted Kubernetes "
+        "Secret). Without it the chain is plain sha256, which a database writer can recompute.",
+    )
+    audit_key_id: str | None = pydantic.Field(
+        default=None,
+        description="Which key of audit_key_file signs new events (needed when it holds "
+        "several: rotation keeps old keys for verification).",
+    )
+    audit_anchor_file: pathlib.Path | None = pydantic.Field(
+        default=None,
+        description="JSON Lines file outside the database where the leader appends the audit "
+        "chain head (signed with the audit key); `audit verify` compares the chain with it.",
+    )
+    audit_anchor_interval: float = pydantic.Field(
+        default=300.0, gt=0, description="Seconds between audit chain anchors."
+    )
     trusted_proxies: list[pydantic.IPvAnyNetwork] = pydantic.Field(
         default_factory=list,
         description="Addresses of authenticating reverse proxies whose user header is trusted.",

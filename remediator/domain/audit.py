@@ -1,8 +1,15 @@
 """The audit log's hash chain.
 
-Each event's hash is ``sha256(prev_hash || canonical JSON of its content)``. Changing, reordering
-or deleting any event breaks every later link, so ``verify`` reports the first broken one. The
-first event links to ``GENESIS``.
+Each event's hash links it to the one before: ``HMAC-SHA256(key, prev_hash || canonical JSON of
+its content)`` when an audit key is configured (the event names the key's id), else
+``sha256(prev_hash || content)``. Changing, reordering or deleting any event breaks every later
+link, so ``verify`` reports the first broken one; without the key nobody can compute a valid
+link, so a database writer cannot edit an event and recompute the chain. The first event links
+to ``GENESIS``.
+
+An event also seals the rows its transaction wrote: ``rows`` maps a table (``runs``, ``steps``,
+``approvals``) to row ids and the digest of each row's audited columns, so verification can
+compare the tables with the chain.
 """
 
 from __future__ import annotations
@@ -10,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import hashlib
+import hmac
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -48,6 +57,60 @@ CONTENT_FIELDS = (
 )
 
 
+# Fields of keyed events added to the content (an unkeyed event without sealed rows hashes the
+# same content as before they existed).
+SEALING_FIELDS = ("key_id", "rows")
+
+# Columns whose changes are not audited: lease bookkeeping, due times and the progress a
+# running step reports (its final output is audited once it ends).
+VOLATILE = {
+    "runs": frozenset({"updated_at"}),
+    "steps": frozenset({"due_at", "lease_owner", "lease_expires_at"}),
+    "approvals": frozenset(),
+}
+SEALED_TABLES = tuple(VOLATILE)
+# Step statuses in which ``output`` is still progress (or a hold note) rather than a result.
+_UNSETTLED_STEP = frozenset({"pending", "running", "waiting_approval"})
+
+KEY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MIN_KEY_BYTES = 32
+
+
+class AuditKeyError(ValueError):
+    """An audit key file that cannot be used."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditKeys:
+    """HMAC keys by id; ``current`` signs new events, the others verify older ones."""
+
+    keys: Mapping[str, bytes]
+    current: str
+
+    def secret(self, key_id: str) -> bytes:
+        try:
+            return self.keys[key_id]
+        except KeyError:
+            raise AuditKeyError(f"audit key {key_id!r} is not configured") from None
+
+
+def row_digest(table: str, row: Mapping[str, Any]) -> str:
+    """The digest of a row's audited columns (``VOLATILE`` ones left out)."""
+    skip = VOLATILE[table]
+    if table == "steps" and row.get("status") in _UNSETTLED_STEP:
+        skip = skip | {"output"}
+    # (a whole float column reads back as int or float depending on the backend and path)
+    fields = {
+        name: int(value) if isinstance(value, float) and value.is_integer() else value
+        for name, value in row.items()
+        if name not in skip
+    }
+    text = json.dumps(
+        fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def _plain(value: object) -> object:
     if isinstance(value, dt.datetime):
         return value.astimezone(dt.UTC).isoformat()
@@ -55,8 +118,12 @@ def _plain(value: object) -> object:
 
 
 def canonical(content: Mapping[str, Any]) -> str:
-    """Content fields as canonical JSON; timestamps as UTC ISO 8601 (what exports carry)."""
+    """Content fields as canonical JSON; timestamps as UTC ISO 8601 (what exports carry). The
+    key id and sealed rows are part of the content when present."""
     fields = {field: content.get(field) for field in CONTENT_FIELDS}
+    for field in SEALING_FIELDS:
+        if content.get(field) is not None:
+            fields[field] = content[field]
     if isinstance(fields["at"], str):
         fields["at"] = dt.datetime.fromisoformat(fields["at"])
     return json.dumps(
@@ -64,11 +131,64 @@ def canonical(content: Mapping[str, Any]) -> str:
     )
 
 
-def chain_hash(prev_hash: str, content: Mapping[str, Any]) -> str:
-    digest = hashlib.sha256()
-    digest.update(prev_hash.encode())
-    digest.update(canonical(content).encode())
-    return digest.hexdigest()
+def chain_hash(prev_hash: str, content: Mapping[str, Any], keys: AuditKeys | None = None) -> str:
+    """The link of an event: keyed with the key its ``key_id`` names (``AuditKeyError`` if that key
+    is not in ``keys``), plain sha256 for an event without a key id."""
+    message = prev_hash.encode() + canonical(content).encode()
+    key_id = content.get("key_id")
+    if key_id is None:
+        return hashlib.sha256(message).hexdigest()
+    if keys is None:
+        raise AuditKeyError(f"event signed with audit key {key_id!r}; no audit key is configured")
+    return hmac.new(keys.secret(key_id), message, hashlib.sha256).hexdigest()
+
+
+def mac(keys: AuditKeys, text: str) -> str:
+    """``key_id:hex`` HMAC of ``text`` with the current key (delivery rows, anchors)."""
+    digest = hmac.new(keys.secret(keys.current), text.encode(), hashlib.sha256).hexdigest()
+    return f"{keys.current}:{digest}"
+
+
+def check_mac(keys: AuditKeys, text: str, tag: str) -> bool:
+    key_id, _, digest = tag.partition(":")
+    try:
+        secret = keys.secret(key_id)
+    except AuditKeyError:
+        return False
+    want = hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
+    return hmac.compare_digest(want, digest)
+
+
+def delivery_text(row: Mapping[str, Any]) -> str:
+    """What a delivery's MAC covers: every column but the MAC itself and the id (assigned by
+    the database after the MAC is computed, so the intake writes each row once)."""
+    fields = {name: value for name, value in row.items() if name not in ("id", "mac")}
+    return json.dumps(
+        fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Anchor:
+    """The chain head written outside the database at some moment."""
+
+    last_id: int
+    last_hash: str
+    at: str
+    mac: str | None = None
+
+    def text(self) -> str:
+        return f"{self.last_id}:{self.last_hash}:{self.at}"
+
+    def json(self) -> dict[str, Any]:
+        return {"at": self.at, "lastId": self.last_id, "lastHash": self.last_hash, "mac": self.mac}
+
+    @classmethod
+    def parse(cls, value: Mapping[str, Any]) -> Anchor:
+        last_id, last_hash = value["lastId"], value["lastHash"]
+        if not isinstance(last_id, int) or not isinstance(last_hash, str):
+            raise ValueError("an anchor needs an integer lastId and a string lastHash")
+        return cls(last_id, last_hash, str(value.get("at", "")), value.get("mac"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,15 +240,96 @@ class ExportTrailer:
         return None
 
 
-def verify(events: Iterable[Mapping[str, Any]]) -> VerifyResult:
+class ChainCheck:
+    """Walks events in chain order: each must link to the one before, match its hash (keyed
+    with the key it names), stay keyed once the chain became keyed, and match every anchor
+    written for its id. Collects the newest digest of every sealed row."""
+
+    def __init__(self, keys: AuditKeys | None = None, anchors: Iterable[Anchor] = ()) -> None:
+        self.keys = keys
+        self.prev = GENESIS
+        self.checked = 0
+        self.last_id: int | None = None
+        self.keyed_since: int | None = None
+        self.anchors = {anchor.last_id: anchor for anchor in anchors}
+        self.rows: dict[str, dict[int, str]] = {table: {} for table in SEALED_TABLES}
+        self.first_sealed: dict[str, int] = {}
+        self.compared = 0
+        self.unsealed = 0
+
+    def bad_anchor(self) -> str | None:
+        """An anchor whose signature does not check (it was not written by a key holder)."""
+        for anchor in self.anchors.values():
+            if anchor.mac is None:
+                continue
+            if self.keys is None or not check_mac(self.keys, anchor.text(), anchor.mac):
+                key_id = anchor.mac.partition(":")[0]
+                return (
+                    f"the anchor of event {anchor.last_id} is not signed by a configured key"
+                    f" (it names key {key_id!r})"
+                )
+        return None
+
+    def add(self, event: Mapping[str, Any]) -> str | None:
+        """Why ``event`` breaks the chain, or ``None`` (and the walk moves past it)."""
+        if event["prev_hash"] != self.prev:
+            return "prev_hash does not link"
+        if event.get("key_id") is None and self.keyed_since is not None:
+            return f"an unkeyed event after the chain became keyed at event {self.keyed_since}"
+        try:
+            digest = chain_hash(self.prev, event, self.keys)
+        except AuditKeyError as e:
+            return str(e)
+        if not hmac.compare_digest(digest, event["hash"]):
+            return "content does not match its hash"
+        anchor = self.anchors.pop(event["id"], None)
+        if anchor is not None and anchor.last_hash != event["hash"]:
+            return f"the event differs from the anchor written at {anchor.at}"
+        if event.get("key_id") is not None and self.keyed_since is None:
+            self.keyed_since = event["id"]
+        for table, digests in (event.get("rows") or {}).items():
+            if table not in self.rows:
+                continue
+            for row_id, row_digest in digests.items():
+                number = int(row_id)
+                self.rows[table][number] = row_digest
+                if number < self.first_sealed.get(table, number + 1):
+                    self.first_sealed[table] = number
+        self.prev, self.last_id = event["hash"], event["id"]
+        self.checked += 1
+        return None
+
+    def missing_anchor(self) -> Anchor | None:
+        """An anchored event the walk never reached (a cut tail, a deleted or renumbered
+        event): the oldest such anchor."""
+        return min(self.anchors.values(), key=lambda anchor: anchor.last_id, default=None)
+
+    def compare_row(self, table: str, row: Mapping[str, Any]) -> str | None:
+        """Compare one row of a sealed table (walked in id order, after the events) with its
+        sealed digest: changed or added outside the chain. Rows older than the first row the
+        chain sealed predate sealing and count as ``unsealed``."""
+        want = self.rows[table].pop(row["id"], None)
+        if want is None:
+            first = self.first_sealed.get(table)
+            if first is not None and row["id"] > first:
+                return f"{table} row {row['id']} is not in the audit chain"
+            self.unsealed += 1
+            return None
+        self.compared += 1
+        if row_digest(table, row) != want:
+            return f"{table} row {row['id']} was changed outside the audit chain"
+        return None
+
+    def deleted_row(self, table: str) -> int | None:
+        """A sealed row the table no longer holds (after ``compare_row`` saw every row)."""
+        return min(self.rows[table], default=None)
+
+
+def verify(events: Iterable[Mapping[str, Any]], keys: AuditKeys | None = None) -> VerifyResult:
     """Check a sequence of events (dicts with the content fields, prev_hash and hash)."""
-    prev = GENESIS
-    checked = 0
+    check = ChainCheck(keys)
     for event in events:
-        if event["prev_hash"] != prev:
-            return VerifyResult(False, checked, event["id"], "prev_hash does not link")
-        if chain_hash(prev, event) != event["hash"]:
-            return VerifyResult(False, checked, event["id"], "content does not match its hash")
-        prev = event["hash"]
-        checked += 1
-    return VerifyResult(True, checked)
+        broken = check.add(event)
+        if broken is not None:
+            return VerifyResult(False, check.checked, event["id"], broken)
+    return VerifyResult(True, check.checked)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import pathlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import sqlalchemy as sa
 
+from remediator.adapters import auditfiles
 from remediator.adapters.db import database, queries, tables
 from remediator.domain import audit
 
@@ -154,6 +156,10 @@ class ChainReport:
     first_broken_id: int | None
     reason: str
     head_id: int | None
+    anchors: int = 0
+    rows: int = 0
+    unsealed: int = 0
+    deliveries: int = 0
 
     def json(self) -> dict[str, Any]:
         return {
@@ -162,13 +168,29 @@ class ChainReport:
             "firstBrokenId": self.first_broken_id,
             "reason": self.reason,
             "headId": self.head_id,
+            "anchors": self.anchors,
+            "rows": self.rows,
+            "unsealedRows": self.unsealed,
+            "deliveries": self.deliveries,
         }
 
 
+SEALED = {"runs": R, "steps": S, "approvals": AP}
+
+
 class AuditQueries:
-    def __init__(self, db: database.Database, *, batch: int = 2000) -> None:
+    def __init__(
+        self,
+        db: database.Database,
+        *,
+        batch: int = 2000,
+        keys: audit.AuditKeys | None = None,
+        anchors: pathlib.Path | None = None,
+    ) -> None:
         self.db = db
         self.batch = batch
+        self.keys = keys
+        self.anchors = anchors
 
     async def events(self, filters: Filters, *, limit: int, cursor: int | None) -> queries.Page:
         query = sa.select(A).where(*event_conditions(filters)).order_by(A.c.id.desc())
@@ -247,27 +269,111 @@ class AuditQueries:
                 return
 
     async def verify(self) -> ChainReport:
-        """Walk the whole chain; report the first broken link, or a head that does not match
-        the last event (events deleted from the end)."""
-        prev, checked, last_id = audit.GENESIS, 0, None
+        """Walk the whole chain and compare it with everything it vouches for: the head row,
+        the anchors written outside the database, the sealed runs, steps and approvals, and
+        the deliveries' MACs. Reports the first problem found."""
+        check = audit.ChainCheck(
+            self.keys, auditfiles.read_anchors(self.anchors) if self.anchors else ()
+        )
+        anchors = len(check.anchors)
+        head_id, problem = await self._check_chain(check)
+        if problem is None:
+            problem = await self._check_rows(check)
+        deliveries = 0
+        if problem is None and self.keys is not None:
+            problem, deliveries = await self._check_deliveries(self.keys)
+        if problem is not None:
+            reason, at = problem
+            return ChainReport(False, check.checked, at, reason, head_id, anchors)
+        return ChainReport(
+            True,
+            check.checked,
+            None,
+            "",
+            head_id,
+            anchors,
+            check.compared,
+            check.unsealed,
+            deliveries,
+        )
+
+    async def _check_chain(
+        self, check: audit.ChainCheck
+    ) -> tuple[int | None, tuple[str, int | None] | None]:
+        """The head id, and the first broken link, head or anchor."""
+        forged = check.bad_anchor()
+        if forged is not None:
+            return None, (forged, None)
         async for batch in self.stream_events(Filters()):
             for event in batch:
-                if event["prev_hash"] != prev:
-                    return ChainReport(False, checked, event["id"], "prev_hash does not link", None)
-                if audit.chain_hash(prev, event) != event["hash"]:
-                    return ChainReport(
-                        False, checked, event["id"], "content does not match its hash", None
-                    )
-                prev, last_id, checked = event["hash"], event["id"], checked + 1
+                reason = check.add(event)
+                if reason is not None:
+                    return None, (reason, event["id"])
         async with self.db.read("audit.head") as conn:
             head = (await conn.execute(sa.select(H.c.last_id, H.c.last_hash))).one_or_none()
         head_id, head_hash = (head.last_id, head.last_hash) if head else (None, audit.GENESIS)
-        if (head_id, head_hash) != (last_id, prev):
-            broken = (last_id or 0) + 1
-            return ChainReport(
-                False, checked, broken, "chain head does not match the last event", head_id
+        if (head_id, head_hash) != (check.last_id, check.prev):
+            return head_id, ("chain head does not match the last event", (check.last_id or 0) + 1)
+        lost = check.missing_anchor()
+        if lost is not None:
+            reason = (
+                f"event {lost.last_id}, anchored at {lost.at}, is not in the chain"
+                f" (the chain ends at {check.last_id})"
             )
-        return ChainReport(True, checked, None, "", head_id)
+            return head_id, (reason, lost.last_id)
+        return head_id, None
+
+    async def _check_rows(self, check: audit.ChainCheck) -> tuple[str, None] | None:
+        """The first sealed row that differs from its digest, was added or was deleted."""
+        for name, table in SEALED.items():
+            async for rows in self._walk(table, f"audit.verify.{name}"):
+                for row in rows:
+                    reason = check.compare_row(name, row)
+                    if reason is not None:
+                        return reason, None
+            deleted = check.deleted_row(name)
+            if deleted is not None:
+                return f"{name} row {deleted} was deleted", None
+        return None
+
+    async def head(self) -> tuple[int, str] | None:
+        """The chain head (last event id and hash), or ``None`` for an empty chain."""
+        async with self.db.read("audit.head") as conn:
+            row = (await conn.execute(sa.select(H.c.last_id, H.c.last_hash))).one_or_none()
+        if row is None or row.last_id is None:
+            return None
+        return int(row.last_id), str(row.last_hash)
+
+    async def _walk(self, table: sa.Table, operation: str) -> AsyncIterator[list[dict[str, Any]]]:
+        """A table's rows in id order, one keyset batch (its own short read) at a time."""
+        after = None
+        while True:
+            query = sa.select(table).order_by(table.c.id).limit(self.batch)
+            if after is not None:
+                query = query.where(table.c.id > after)
+            async with self.db.read(operation) as conn:
+                rows = [dict(row._mapping) for row in await conn.execute(query)]
+            if not rows:
+                return
+            yield rows
+            after = rows[-1]["id"]
+
+    async def _check_deliveries(self, keys: audit.AuditKeys) -> tuple[tuple[str, None] | None, int]:
+        """Deliveries stored with a MAC must still match it; once deliveries carry MACs, one
+        without is a row written (or stripped) outside remediator."""
+        checked, signed = 0, False
+        async for rows in self._walk(D, "audit.verify.deliveries"):
+            for row in rows:
+                tag = row["mac"]
+                if tag is None:
+                    if signed:
+                        return (f"delivery {row['id']} has no MAC", None), checked
+                    continue
+                signed = True
+                if not audit.check_mac(keys, audit.delivery_text(row), tag):
+                    return (f"delivery {row['id']} was changed outside remediator", None), checked
+                checked += 1
+        return None, checked
 
     async def delivery(self, delivery_id: int) -> dict[str, Any] | None:
         async with self.db.read("audit.delivery") as conn:

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from remediator.adapters.db import database, tables
-from remediator.domain import alerts, errors
+from remediator.domain import alerts, audit, errors
 
 logger = logging.getLogger("remediator.intake")
 
@@ -60,8 +60,10 @@ class IntakeWriter:
         clock: Callable[[], dt.datetime],
         max_batch: int = 512,
         on_change: Callable[[], None] | None = None,
+        keys: audit.AuditKeys | None = None,
     ) -> None:
         self.db = db
+        self.keys = keys
         self.clock = clock
         self.max_batch = max_batch
         self.on_change = on_change
@@ -127,6 +129,9 @@ class IntakeWriter:
             }
             for d in batch
         ]
+        if self.keys is not None:
+            for row in delivery_rows:
+                row["mac"] = audit.mac(self.keys, audit.delivery_text(row))
         inserted = conn.execute(self._insert_deliveries, delivery_rows)
         ids = [row.id for row in inserted]
         episodes, first_delivery = _merge_episodes(batch, ids, now)

@@ -113,6 +113,8 @@ def event_json(row: Any) -> dict[str, Any]:
         "data": row.data,
         "prev_hash": row.prev_hash,
         "hash": row.hash,
+        "key_id": row.key_id,
+        "rows": row.rows,
     }
 
 

@@ -48,7 +48,7 @@ _GET_RUN = sa.select(R).where(R.c.id == sa.bindparam("w_id"))
 _GET_STEP = sa.select(S).where(S.c.id == sa.bindparam("w_id"))
 _GET_EPISODE = sa.select(E).where(E.c.id == sa.bindparam("w_id"))
 _STEPS_OF_RUN = sa.select(S).where(S.c.run_id == sa.bindparam("w_run_id")).order_by(S.c.seq, S.c.id)
-_INSERT_STEPS = sa.insert(S)
+_INSERT_STEPS = sa.insert(S).returning(*S.c)
 _TRANSITION_RUN = (
     sa.update(R)
     .where(
@@ -80,11 +80,11 @@ _TAKE_LOCK = tuple(
     insert(L).on_conflict_do_nothing(index_elements=[L.c.key]).returning(L.c.key)
     for insert in (sqlite.insert, postgresql.insert)
 )
-_INSERT_RUN = sa.insert(R).returning(R.c.id)
+_INSERT_RUN = sa.insert(R).returning(*R.c)
 _INSERT_ALERT_RUN = tuple(
     insert(R)
     .on_conflict_do_nothing(index_elements=[R.c.episode_id, R.c.playbook, R.c.kind])
-    .returning(R.c.id)
+    .returning(*R.c)
     for insert in (sqlite.insert, postgresql.insert)
 )
 _TRANSITION_STEP = {
@@ -263,16 +263,23 @@ class SqlStore:
     into the database (a worker thread on SQLite, ``run_sync`` over asyncpg on Postgres), so
     the write lock is never held across event-loop turns."""
 
-    def __init__(self, db: database.Database, *, clock: Callable[[], dt.datetime]) -> None:
+    def __init__(
+        self,
+        db: database.Database,
+        *,
+        clock: Callable[[], dt.datetime],
+        keys: audit.AuditKeys | None = None,
+    ) -> None:
         self.db = db
         self.clock = clock
+        self.keys = keys
 
     async def run(self, operation: str, work: Callable[[SqlTx], T]) -> T:
         """Run ``work(tx)`` in one write transaction; committed if it returns."""
         now = self.clock()
 
         def in_transaction(conn: sa.Connection) -> T:
-            tx = SqlTx(conn, db=self.db, now=now)
+            tx = SqlTx(conn, db=self.db, now=now, keys=self.keys)
             if self.db.is_postgres:
                 # Take the audit chain head first: every engine transaction appends events, and
                 # taking this one lock before any row lock keeps the chain linear and rules out
@@ -291,12 +298,23 @@ class SqlStore:
 
 
 class SqlTx:
-    def __init__(self, conn: sa.Connection, *, db: database.Database, now: dt.datetime) -> None:
+    def __init__(
+        self,
+        conn: sa.Connection,
+        *,
+        db: database.Database,
+        now: dt.datetime,
+        keys: audit.AuditKeys | None = None,
+    ) -> None:
         self.conn = conn
         self.db = db
         self.now = now
+        self.keys = keys
         self._chain_head: tuple[int | None, str] | None = None
         self._head_moved = False
+        # Digests of the rows this transaction wrote since its last event: the next event
+        # seals them (``flush`` appends one if none follows).
+        self._unsealed: dict[str, dict[str, str]] = {}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -323,9 +341,12 @@ class SqlTx:
         to_status: str | None = None,
         data: dict[str, Any] | None = None,
     ) -> int:
-        """Append one audit event, linked into the hash chain in this transaction."""
+        """Append one audit event, linked into the hash chain in this transaction; it seals the
+        rows written since the previous event."""
         last_id, last_hash = self._head()
         content: dict[str, Any] = {
+            "key_id": self.keys.current if self.keys else None,
+            "rows": self._unsealed or None,
             "at": self.now,
             "kind": kind,
             "actor": actor,
@@ -338,23 +359,31 @@ class SqlTx:
             "data": data or {},
         }
         event_id = (last_id or 0) + 1
-        digest = audit.chain_hash(last_hash, {**content, "id": event_id})
+        digest = audit.chain_hash(last_hash, {**content, "id": event_id}, self.keys)
         self.conn.execute(
             _INSERT_EVENT, {"id": event_id, "prev_hash": last_hash, "hash": digest, **content}
         )
         self._chain_head = (event_id, digest)
         self._head_moved = True
+        self._unsealed = {}
         return event_id
+
+    def _seal(self, table: str, row: Any) -> None:
+        """Note a row this transaction wrote (its full, just-written values)."""
+        values = dict(row._mapping)
+        self._unsealed.setdefault(table, {})[str(values["id"])] = audit.row_digest(table, values)
 
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[None]:
         head, moved = self._chain_head, self._head_moved
+        unsealed = {table: dict(rows) for table, rows in self._unsealed.items()}
         nested = self.conn.begin_nested()
         try:
             yield
         except BaseException:
             nested.rollback()
-            self._chain_head, self._head_moved = head, moved  # its events are gone too
+            # its events and row writes are gone too
+            self._chain_head, self._head_moved, self._unsealed = head, moved, unsealed
             raise
         nested.commit()
 
@@ -362,7 +391,10 @@ class SqlTx:
         return self.db.writers_waiting()
 
     def flush(self) -> None:
-        """Write the chain head once per transaction (``SqlStore.run`` calls this last)."""
+        """Seal rows no event sealed, and write the chain head once per transaction
+        (``SqlStore.run`` calls this last)."""
+        if self._unsealed:
+            self.add_event("audit.sealed", actor=transitions.ENGINE, reason="rows written")
         if self._head_moved and self._chain_head is not None:
             last_id, last_hash = self._chain_head
             self.conn.execute(_UPDATE_HEAD, {"last_id": last_id, "last_hash": last_hash})
@@ -426,9 +458,10 @@ class SqlTx:
         row = self.conn.execute(statement, values).one_or_none()
         if row is None:
             return None
+        self._seal("runs", row)
         run_id = int(row.id)
         if new.steps:
-            self.conn.execute(
+            inserted = self.conn.execute(
                 _INSERT_STEPS,
                 [
                     {
@@ -457,6 +490,8 @@ class SqlTx:
                     for step in new.steps
                 ],
             )
+            for step_row in inserted:
+                self._seal("steps", step_row)
         self.add_event(
             "run.created",
             actor=actor,
@@ -520,6 +555,7 @@ class SqlTx:
             current = self.get_run(run.id)
             state = current.status.value if current else "missing"
             raise errors.Conflict(f"run {run.id} is {state}; cannot move it to {to.value}")
+        self._seal("runs", row)
         self.add_event(
             "run.transition",
             actor=change.actor,
@@ -545,6 +581,8 @@ class SqlTx:
         if row is None:
             raise errors.Conflict(f"step {step.id} is no longer {step.status.value}")
         if change.event is not None:
+            # (a change without an event moves only unaudited columns: ``audit.VOLATILE``)
+            self._seal("steps", row)
             moved = change.event == "step.transition"
             self.add_event(
                 change.event,
@@ -782,9 +820,13 @@ class SqlTx:
                 at=self.now,
             )
             .on_conflict_do_nothing(index_elements=[AP.c.step_id, AP.c.principal])
-            .returning(AP.c.id)
+            .returning(*AP.c)
         )
-        return self.conn.execute(statement).one_or_none() is not None
+        row = self.conn.execute(statement).one_or_none()
+        if row is None:
+            return False
+        self._seal("approvals", row)
+        return True
 
     def approvals_of(self, step_id: int) -> list[dict[str, Any]]:
         query = sa.select(AP).where(AP.c.step_id == step_id).order_by(AP.c.id)

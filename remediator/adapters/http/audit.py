@@ -18,7 +18,7 @@ from remediator.adapters.http import api, hygiene
 from remediator.adapters.http import auth as http_auth
 from remediator.domain import audit, auth, errors
 
-EXPORT_FIELDS = (*audit.CONTENT_FIELDS, "prev_hash", "hash")
+EXPORT_FIELDS = (*audit.CONTENT_FIELDS, *audit.SEALING_FIELDS, "prev_hash", "hash")
 MAX_ARTIFACT_PATH = 1024
 
 
@@ -104,7 +104,11 @@ def _csv_rows(batch: list[dict[str, Any]], *, header: bool) -> bytes:
     for event in batch:
         writer.writerow(
             [
-                json.dumps(event[key], sort_keys=True) if key == "data" else event[key]
+                (
+                    json.dumps(event[key], sort_keys=True)
+                    if key in ("data", "rows") and event[key] is not None
+                    else event[key]
+                )
                 for key in EXPORT_FIELDS
             ]
         )
