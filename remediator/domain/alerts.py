@@ -71,6 +71,16 @@ def parse_timestamp(value: object) -> dt.datetime:
 
 
 Timestamp = Annotated[dt.datetime, pydantic.BeforeValidator(parse_timestamp)]
+
+
+def _json_integer(value: object) -> object:
+    if isinstance(value, str | bool):  # pydantic would read "5" and true as integers
+        raise ValueError("must be a JSON integer")
+    return value
+
+
+# A JSON integer (5 or 5.0), not a string or a boolean.
+JsonInteger = Annotated[int, pydantic.BeforeValidator(_json_integer)]
 LabelSet = dict[Annotated[str, pydantic.StringConstraints(max_length=1024)], str]
 
 
@@ -116,7 +126,7 @@ class WebhookPayload(_Tolerant):
     common_annotations: LabelSet = pydantic.Field(default_factory=dict, alias="commonAnnotations")
     external_url: str = pydantic.Field(default="", alias="externalURL", max_length=8192)
     group_key: str = pydantic.Field(default="", alias="groupKey", max_length=8192)
-    truncated_alerts: int = pydantic.Field(default=0, alias="truncatedAlerts", ge=0)
+    truncated_alerts: JsonInteger = pydantic.Field(default=0, alias="truncatedAlerts", ge=0)
 
     @pydantic.field_validator("version")
     @classmethod

@@ -39,8 +39,8 @@ def paging(request: web.Request) -> tuple[int, int | None]:
             fields=[{"field": "limit", "message": "not an integer from 1 to 500"}],
         )
     cursor_text = request.query.get("cursor")
-    cursor = hygiene.parse_id(cursor_text) if cursor_text else None
-    if cursor_text and cursor is None:
+    cursor = hygiene.parse_id(cursor_text) if cursor_text is not None else None
+    if cursor_text is not None and cursor is None:
         raise errors.ValidationFailed(
             "cursor must be the nextCursor of a previous page",
             fields=[{"field": "cursor", "message": "not an id"}],

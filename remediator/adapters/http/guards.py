@@ -9,8 +9,8 @@ from typing import Any
 from aiohttp import web
 
 from remediator.adapters.http import auth as http_auth
-from remediator.adapters.http import hygiene
-from remediator.domain import auth, errors
+from remediator.adapters.http import runbooks
+from remediator.domain import auth
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,13 +29,8 @@ async def get_breaker(request: web.Request) -> web.Response:
 
 async def reset_breaker(request: web.Request) -> web.Response:
     principal = http_auth.require(request, auth.Permission.OPERATE)
-    body = await hygiene.read_json(request)
-    comment = body.get("comment") if isinstance(body, dict) else None
-    if not isinstance(comment, str) or not comment.strip() or len(comment) > 4000:
-        raise errors.ValidationFailed(
-            "a comment is required", fields=[{"field": "comment", "message": "required"}]
-        )
-    state = await request.app[GUARDS].reset(principal=principal.name, comment=comment.strip())
+    body: runbooks.CommentBody = await runbooks.read_json(request, runbooks.CommentBody)
+    state = await request.app[GUARDS].reset(principal=principal.name, comment=body.comment)
     return web.json_response(state)
 
 

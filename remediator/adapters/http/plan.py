@@ -1,4 +1,5 @@
-"""``POST /api/v1/plan`` (an Alertmanager payload in, what would happen out) and
+"""``POST /api/v1/plan`` (an Alertmanager payload in, what would happen out; a payload intake
+would refuse is refused the same way) and
 ``GET /api/v1/runs/{id}/plan`` (what a run's remaining steps will do). Nothing is changed."""
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ async def post_plan(request: web.Request) -> web.Response:
         raise errors.ValidationFailed(
             "not an Alertmanager webhook payload (version 4)", fields=alerts.validation_fields(e)
         ) from None
+    problems = alerts.check_limits(payload)
+    if problems:  # intake would refuse it: nothing would happen
+        raise errors.ValidationFailed(
+            "intake would refuse this payload: values in it can never be stored", fields=problems
+        )
     return web.json_response({"alerts": await request.app[PLAN].plan_payload(payload)})
 
 

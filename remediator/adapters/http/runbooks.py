@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
 import pydantic
 from aiohttp import web
@@ -24,16 +24,28 @@ from aiohttp import web
 from remediator.adapters.db import database, queries
 from remediator.adapters.http import auth as http_auth
 from remediator.adapters.http import hygiene
-from remediator.domain import auth, errors, playbooks
+from remediator.domain import alerts, auth, errors, playbooks
 from remediator.engine import planning
 
 NODE_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
 
-class TriggerBody(pydantic.BaseModel):
-    """Start a manual runbook."""
+# A runbook parameter's value: the types a playbook can declare; integers within 64 bits
+# (5 or 5.0, as JSON has it).
+ParamValue = (
+    pydantic.StrictStr
+    | pydantic.StrictBool
+    | Annotated[alerts.JsonInteger, pydantic.Field(ge=-(2**63), le=2**63 - 1)]
+)
 
-    model_config = pydantic.ConfigDict(extra="forbid")
+
+class TriggerBody(pydantic.BaseModel):
+    """Start a manual runbook: on ``node``, or on every GPU node ``selector`` matches."""
+
+    model_config = pydantic.ConfigDict(
+        extra="forbid",
+        json_schema_extra={"not": {"required": ["node", "selector"]}},
+    )
     node: str | None = pydantic.Field(
         default=None,
         pattern=NODE_NAME,
@@ -47,8 +59,9 @@ class TriggerBody(pydantic.BaseModel):
         description="Label selector: start one run per matching GPU node (runbooks with a "
         "`node` parameter).",
     )
-    params: dict[str, Any] = pydantic.Field(
-        default_factory=dict, description="Parameters declared by the playbook."
+    params: dict[str, ParamValue] = pydantic.Field(
+        default_factory=dict,
+        description="Parameters declared by the playbook (strings, integers, booleans).",
     )
     dryRun: bool = pydantic.Field(default=False, description="Plan and record, touch nothing.")
 
@@ -56,8 +69,13 @@ class TriggerBody(pydantic.BaseModel):
 class CommentBody(pydantic.BaseModel):
     """An approval or rejection (the comment is required)."""
 
-    model_config = pydantic.ConfigDict(extra="ignore")
-    comment: str = pydantic.Field(min_length=1, max_length=4000)
+    model_config = pydantic.ConfigDict(extra="forbid")
+    comment: str = pydantic.Field(
+        min_length=1,
+        max_length=4000,
+        json_schema_extra={"pattern": "\\S"},
+        description="Not only white space.",
+    )
 
     @pydantic.field_validator("comment")
     @classmethod
@@ -100,6 +118,13 @@ def manual_playbooks(rules: Any) -> list[playbooks.Playbook]:
     )
 
 
+def manual_playbook(rules: Any, name: str) -> playbooks.Playbook:
+    playbook: playbooks.Playbook | None = rules.index.get(name)
+    if playbook is None or not playbook.manual:
+        raise errors.NotFound(f"no manual runbook {name[:80]!r}")
+    return playbook
+
+
 def runbook_json(playbook: playbooks.Playbook) -> dict[str, Any]:
     return {
         "name": playbook.name,
@@ -137,6 +162,7 @@ async def trigger_runbook(request: web.Request) -> web.Response:
     principal = http_auth.require(request, auth.Permission.OPERATE)
     body: TriggerBody = await read_json(request, TriggerBody)
     name = request.match_info["playbook"]
+    manual_playbook(request.app[RUNBOOKS].rules, name)  # 404 before any node is selected
     if body.selector is None:
         result = await start_runbook(
             request,
@@ -176,9 +202,7 @@ async def start_runbook(
     dry_run: bool = False,
 ) -> dict[str, Any]:
     deps = request.app[RUNBOOKS]
-    playbook = deps.rules.index.get(name)
-    if playbook is None or not playbook.manual:
-        raise errors.NotFound(f"no manual runbook {name!r}")
+    playbook = manual_playbook(deps.rules, name)
     if node is not None:  # the form's node is free text
         _check_node_name(node, field="node")
     planning.manual_target(node, params)  # refuses two different nodes
