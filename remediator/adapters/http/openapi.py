@@ -3,7 +3,9 @@ models of the request bodies, and served at ``/api/v1/openapi.json``.
 
 The document lists the routes the application actually registered (read from the aiohttp
 router), each described by its entry in ``OPERATIONS``; a test checks that every registered
-route has an entry and the document has nothing else.
+route has an entry and the document has nothing else. Each operation states every status the
+server can answer with, and every limit it enforces on parameters and bodies: schemathesis runs
+with all its checks against a live server and finds nothing.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import pydantic
 from aiohttp import web
 
 from remediator import __version__
-from remediator.adapters.http import runbooks
+from remediator.adapters.http import runbooks, schemas
 
 JSON = "application/json"
+FORM = "application/x-www-form-urlencoded"
+HTML = "text/html"
 ERROR = {"$ref": "#/components/schemas/Error"}
 
 
@@ -28,9 +32,12 @@ class Operation:
     tag: str
     roles: tuple[str, ...] | None  # None: no authentication
     query: tuple[tuple[str, str, str], ...] = ()  # (name, JSON type, description)
-    body: type[pydantic.BaseModel] | None = None
+    body: type[pydantic.BaseModel] | str | None = None  # a model, or a components schema name
     media: str = JSON
     status: int = 200
+    answer: str | None = None  # components schema of the success body
+    database: bool = True  # reads or writes the database: 503 when it is unavailable
+    conflict: bool = False  # 409 when the run or step moved on
 
 
 READ = ("operator", "auditor", "admin")
@@ -51,10 +58,11 @@ _QUERY_SCHEMAS: dict[str, dict[str, Any]] = {
     "episode": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
     "since": {"type": "string", "format": "date-time"},
     "until": {"type": "string", "format": "date-time"},
+    "format": {"type": "string", "enum": ["jsonl", "csv"], "default": "jsonl"},
 }
 AUDIT_FILTERS = (
-    ("since", "string", "ISO 8601 time, inclusive"),
-    ("until", "string", "ISO 8601 time, exclusive"),
+    ("since", "string", "RFC 3339 time, inclusive"),
+    ("until", "string", "RFC 3339 time, exclusive"),
     ("node", "string", "node name"),
     ("gpu", "string", "GPU UUID or index"),
     ("alertname", "string", "alert name"),
@@ -68,40 +76,13 @@ AUDIT_FILTERS = (
 EVENT_FILTERS = (*AUDIT_FILTERS, ("kind", "string", "event kind, e.g. step.transition"))
 
 
-class Page(pydantic.BaseModel):
-    items: list[dict[str, Any]]
-    nextCursor: str | None
-
-
-class Approval(pydantic.BaseModel):
-    runId: int
-    stepId: int
-    status: str
-    approvalsRequired: int
-
-
-class LoginForm(pydantic.BaseModel):
-    token: str
-    name: str | None = None
-    csrf: str
-
-
-class DecisionForm(pydantic.BaseModel):
-    comment: str
-    csrf: str
-
-
-class BreakerReset(pydantic.BaseModel):
-    comment: str = pydantic.Field(min_length=1, max_length=4000)
-
-
-class PlanRequest(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="allow")
-
-
 OPERATIONS: dict[tuple[str, str], Operation] = {
     ("POST", "/api/v1/alerts"): Operation(
-        summary="Alertmanager webhook (version 4 payload)", tag="intake", roles=("ingest", "admin")
+        summary="Alertmanager webhook (version 4 payload)",
+        tag="intake",
+        roles=("ingest", "admin"),
+        body="WebhookPayload",
+        answer="Stored",
     ),
     ("GET", "/api/v1/alerts"): Operation(
         summary="Alert episodes",
@@ -113,6 +94,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             ("alertname", "string", ""),
             ("fingerprint", "string", ""),
         ),
+        answer="Page",
     ),
     ("GET", "/api/v1/runs"): Operation(
         summary="Runs, newest first",
@@ -126,6 +108,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             ("kind", "string", "alert|manual|undo"),
             ("episode", "integer", ""),
         ),
+        answer="Page",
     ),
     ("GET", "/api/v1/runs/{run_id}"): Operation(
         summary="A run: steps, outputs, approvals, audit events, alert and links",
@@ -137,12 +120,16 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         tag="approvals",
         roles=OPERATE,
         body=runbooks.CommentBody,
+        answer="Decision",
+        conflict=True,
     ),
     ("POST", "/api/v1/runs/{run_id}/steps/{step_id}/reject"): Operation(
         summary="Reject a waiting step (ends the run)",
         tag="approvals",
         roles=OPERATE,
         body=runbooks.CommentBody,
+        answer="Decision",
+        conflict=True,
     ),
     ("GET", "/api/v1/runs/{run_id}/plan"): Operation(
         summary="What the run's steps will do (node, GPUs, pods, PDBs, guard verdicts)",
@@ -153,15 +140,20 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         summary="Plan a playbook for a node without running it",
         tag="runs",
         roles=READ,
-        body=PlanRequest,
+        body="WebhookPayload",
     ),
     ("GET", "/api/v1/approvals"): Operation(
         summary="Steps waiting for approval with run, alert and Alertmanager link",
         tag="approvals",
         roles=READ,
+        answer="Items",
     ),
     ("GET", "/api/v1/runbooks"): Operation(
-        summary="Manual runbooks and their parameters", tag="runbooks", roles=READ
+        summary="Manual runbooks and their parameters",
+        tag="runbooks",
+        roles=READ,
+        answer="Items",
+        database=False,
     ),
     ("POST", "/api/v1/runbooks/{playbook}/runs"): Operation(
         summary="Start a manual runbook",
@@ -169,31 +161,35 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         roles=OPERATE,
         body=runbooks.TriggerBody,
         status=201,
+        answer="Launch",
+        conflict=True,
     ),
     ("GET", "/api/v1/breaker"): Operation(
         summary="Circuit breaker state", tag="guards", roles=READ
     ),
     ("POST", "/api/v1/breaker/reset"): Operation(
-        summary="Close the circuit breaker", tag="guards", roles=OPERATE, body=BreakerReset
+        summary="Close the circuit breaker", tag="guards", roles=OPERATE, body=runbooks.CommentBody
     ),
     ("GET", "/api/v1/audit/events"): Operation(
         summary="Audit events, filtered, newest first",
         tag="audit",
         roles=AUDIT,
         query=(*PAGING, *EVENT_FILTERS),
+        answer="Page",
     ),
     ("GET", "/api/v1/audit/runs"): Operation(
         summary="Runs, filtered, newest first",
         tag="audit",
         roles=AUDIT,
         query=(*PAGING, *AUDIT_FILTERS),
+        answer="Page",
     ),
     ("GET", "/api/v1/audit/export"): Operation(
         summary="Export audit events with their hashes (streamed, chain order)",
         tag="audit",
         roles=AUDIT,
         query=(("format", "string", "jsonl (default) or csv"), *EVENT_FILTERS),
-        media="application/x-ndjson",
+        media="application/x-ndjson,text/csv",
     ),
     ("GET", "/api/v1/audit/verify"): Operation(
         summary="Verify the audit hash chain; reports the first broken link",
@@ -208,64 +204,81 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         tag="audit",
         roles=AUDIT,
         media="application/octet-stream",
+        database=False,
     ),
-    ("GET", "/api/v1/openapi.json"): Operation(summary="This document", tag="meta", roles=None),
+    ("GET", "/api/v1/openapi.json"): Operation(
+        summary="This document", tag="meta", roles=None, database=False
+    ),
     ("GET", "/runbooks"): Operation(
         summary="Web page: approvals, runbooks, recent runs",
         tag="web",
         roles=READ,
-        media="text/html",
+        media=HTML,
     ),
     ("GET", "/runbooks/login"): Operation(
-        summary="Web page: sign in", tag="web", roles=None, media="text/html"
+        summary="Web page: sign in", tag="web", roles=None, media=HTML, database=False
     ),
     ("POST", "/runbooks/login"): Operation(
         summary="Sign in (form: token, name, csrf) into a session cookie",
         tag="web",
         roles=None,
-        body=LoginForm,
-        media="text/html",
+        body=schemas.LoginForm,
+        media=HTML,
         status=303,
+        database=False,
     ),
     ("POST", "/runbooks/logout"): Operation(
-        summary="Sign out (form: csrf)", tag="web", roles=READ, media="text/html", status=303
+        summary="Sign out (form: csrf)",
+        tag="web",
+        roles=READ,
+        body=schemas.CsrfForm,
+        media=HTML,
+        status=303,
+        database=False,
     ),
     ("GET", "/runbooks/runs/{run_id}"): Operation(
-        summary="Web page: one run with live progress", tag="web", roles=READ, media="text/html"
+        summary="Web page: one run with live progress", tag="web", roles=READ, media=HTML
     ),
     ("POST", "/runbooks/runs/{run_id}/steps/{step_id}/approve"): Operation(
         summary="Approve from the web page (form: comment, csrf)",
         tag="web",
         roles=OPERATE,
-        body=DecisionForm,
-        media="text/html",
+        body=schemas.DecisionForm,
+        media=HTML,
         status=303,
+        conflict=True,
     ),
     ("POST", "/runbooks/runs/{run_id}/steps/{step_id}/reject"): Operation(
         summary="Reject from the web page (form: comment, csrf)",
         tag="web",
         roles=OPERATE,
-        body=DecisionForm,
-        media="text/html",
+        body=schemas.DecisionForm,
+        media=HTML,
         status=303,
+        conflict=True,
     ),
     ("POST", "/runbooks/{playbook}/trigger"): Operation(
         summary="Start a manual runbook from the web page (form: node, param.*, csrf)",
         tag="web",
         roles=OPERATE,
-        media="text/html",
+        body=schemas.TriggerForm,
+        media=HTML,
         status=303,
+        conflict=True,
     ),
-    ("GET", "/healthz"): Operation(summary="The process answers", tag="health", roles=None),
+    ("GET", "/healthz"): Operation(
+        summary="The process answers", tag="health", roles=None, answer="Health", database=False
+    ),
     ("GET", "/readyz"): Operation(
-        summary="Database writable and playbooks loaded", tag="health", roles=None
+        summary="Database writable and playbooks loaded (503 with the same body otherwise)",
+        tag="health",
+        roles=None,
+        answer="Ready",
     ),
     ("GET", "/metrics"): Operation(
-        summary="Prometheus metrics", tag="health", roles=None, media="text/plain"
+        summary="Prometheus metrics", tag="health", roles=None, media="text/plain", database=False
     ),
 }
-
-_FORM_PATHS = re.compile(r"^/runbooks/")
 
 
 def registered_routes(app: web.Application) -> list[tuple[str, str]]:
@@ -279,16 +292,17 @@ def registered_routes(app: web.Application) -> list[tuple[str, str]]:
     return sorted(set(found))
 
 
+def _path_schema(name: str) -> dict[str, Any]:
+    if name == "path":
+        return {"type": "string", "minLength": 1, "description": "relative, without '..'"}
+    if name == "playbook":
+        return {"type": "string", "minLength": 1}
+    return {"type": "string", "pattern": ID_PATTERN}
+
+
 def _parameters(path: str, operation: Operation) -> list[dict[str, Any]]:
     params: list[dict[str, Any]] = [
-        {
-            "name": name,
-            "in": "path",
-            "required": True,
-            "schema": {"type": "string"}
-            if name in ("path", "playbook")
-            else {"type": "string", "pattern": ID_PATTERN},
-        }
+        {"name": name, "in": "path", "required": True, "schema": _path_schema(name)}
         for name in re.findall(r"\{(\w+)\}", path)
     ]
     params += [
@@ -304,41 +318,97 @@ def _parameters(path: str, operation: Operation) -> list[dict[str, Any]]:
     return params
 
 
-def _error_responses(method: str, operation: Operation) -> dict[str, Any]:
-    """Every operation's error answers (``hygiene`` and ``auth`` give most of them)."""
-    listed = [("400", "invalid request"), ("404", "not found"), ("409", "conflict")]
+RETRY_AFTER = {"Retry-After": {"required": True, "schema": {"type": "string"}}}
+_LOGIN = "/runbooks/login"
+
+
+def _refusals(method: str, path: str, operation: Operation) -> dict[str, str]:
+    """The error statuses of one operation, each with what it means."""
+    page = path.startswith("/runbooks")
+    found = {"421": "without a tokens file, a Host other than localhost, 127.0.0.1, [::1]"}
+    if operation.query or operation.body is not None:
+        found["400"] = "invalid parameters or body (see error.fields)"
+    if "{" in path:
+        found["404"] = "not found (an id that is not ASCII decimal within 63 bits never is)"
     if operation.roles is not None:
-        listed.append(("401", "no or wrong credentials"))
+        found["403"] = "role not allowed"
+        if page and method == "GET":
+            found["303"] = "not signed in: to the sign-in page"
+        else:
+            found["401"] = "no or wrong credentials"
+        if not page:
+            found["429"] = "too many wrong tokens from this address or name (see Retry-After)"
+    if path == _LOGIN and method == "POST":
+        found["401"] = "unknown token (the sign-in page again)"
+        found["429"] = "too many failed sign-ins from this address or name (see Retry-After)"
     if method == "POST":
-        listed += [
-            (
-                "403",
-                "role not allowed, CSRF token missing, or a cross-origin request (an Origin "
-                "that is not the server's, or Sec-Fetch-Site: cross-site)",
-            ),
-            ("408", "the body did not arrive within body_read_timeout"),
-            ("413", "body too large (webhook and plan: max_body_bytes; others: 64 KiB)"),
-            (
-                "415",
-                "wrong Content-Type (JSON bodies: application/json; forms: "
-                "application/x-www-form-urlencoded), or a compressed body (Content-Encoding)",
-            ),
-        ]
-    elif operation.roles is not None:
-        listed.append(("403", "role not allowed"))
-    listed.append(("421", "without a tokens file, a Host other than localhost, 127.0.0.1, [::1]"))
-    return {
-        code: {"description": text, "content": {JSON: {"schema": ERROR}}}
-        for code, text in sorted(listed)
-    }
+        found["403"] = (
+            f"{'role not allowed, ' if operation.roles else ''}CSRF token missing or wrong "
+            "(forms), or a cross-origin request (an Origin that is not the server's, or "
+            "Sec-Fetch-Site: cross-site)"
+        )
+        found["408"] = "the body did not arrive within body_read_timeout"
+        found["413"] = "body too large (webhook and plan: max_body_bytes; others: 64 KiB)"
+        found["415"] = (
+            "wrong Content-Type (JSON bodies: application/json; forms: "
+            "application/x-www-form-urlencoded), or a compressed body (Content-Encoding)"
+        )
+    if operation.conflict:
+        found["409"] = "the run or step is no longer in a state that allows it"
+    if operation.database:
+        found["503"] = "the database is unavailable (see Retry-After)"
+    return found
+
+
+def _error_responses(method: str, path: str, operation: Operation) -> dict[str, Any]:
+    form_post = path.startswith("/runbooks/") and method == "POST"
+    responses: dict[str, Any] = {}
+    for code, text in sorted(_refusals(method, path, operation).items()):
+        response: dict[str, Any] = {"description": text}
+        if code == "303":
+            response["headers"] = {"Location": {"required": True, "schema": {"type": "string"}}}
+        elif code == "503" and path == "/readyz":
+            response["content"] = {JSON: {"schema": {"$ref": "#/components/schemas/Ready"}}}
+        else:
+            response["content"] = {JSON: {"schema": ERROR}}
+            if form_post and code in ("400", "401", "403", "404", "409"):
+                response["content"][HTML] = {"schema": {"type": "string"}}
+            if code in ("429", "503"):
+                response["headers"] = RETRY_AFTER
+        responses[code] = response
+    return responses
+
+
+def _success(operation: Operation) -> dict[str, Any]:
+    success: dict[str, Any] = {"description": "OK"}
+    if operation.status == 303:
+        success["headers"] = {"Location": {"required": True, "schema": {"type": "string"}}}
+        return success
+    schema: dict[str, Any] = (
+        {"$ref": f"#/components/schemas/{operation.answer}"}
+        if operation.answer
+        else {"type": "object"}
+        if operation.media == JSON
+        else {"type": "string"}
+    )
+    success["content"] = {media: {"schema": schema} for media in operation.media.split(",")}
+    return success
+
+
+def _request_body(path: str, operation: Operation) -> dict[str, Any] | None:
+    if operation.body is None:
+        return None
+    if isinstance(operation.body, str):
+        schema = {"$ref": f"#/components/schemas/{operation.body}"}
+    else:
+        schema = operation.body.model_json_schema()
+    media = FORM if path.startswith("/runbooks/") else JSON
+    return {"required": True, "content": {media: {"schema": schema}}}
 
 
 def _operation(method: str, path: str, operation: Operation) -> dict[str, Any]:
-    success: dict[str, Any] = {"description": "OK"}
-    if operation.status != 303:
-        success["content"] = {operation.media: {"schema": {}}}
-    responses: dict[str, Any] = {str(operation.status): success}
-    responses.update(_error_responses(method, operation))
+    responses: dict[str, Any] = {str(operation.status): _success(operation)}
+    responses.update(_error_responses(method, path, operation))
     document: dict[str, Any] = {
         "operationId": f"{method.lower()}_{re.sub(r'[^a-z0-9]+', '_', path.lower()).strip('_')}",
         "summary": operation.summary,
@@ -350,12 +420,9 @@ def _operation(method: str, path: str, operation: Operation) -> dict[str, Any]:
     document["security"] = (
         [{"bearer": []}, {"basic": []}, {"session": []}] if operation.roles else []
     )
-    if operation.body is not None:
-        media = "application/x-www-form-urlencoded" if _FORM_PATHS.match(path) else JSON
-        document["requestBody"] = {
-            "required": True,
-            "content": {media: {"schema": operation.body.model_json_schema()}},
-        }
+    body = _request_body(path, operation)
+    if body is not None:
+        document["requestBody"] = body
     return document
 
 
@@ -376,24 +443,7 @@ def build(app: web.Application) -> dict[str, Any]:
                 "basic": {"type": "http", "scheme": "basic"},
                 "session": {"type": "apiKey", "in": "cookie", "name": "remediator_session"},
             },
-            "schemas": {
-                "Error": {
-                    "type": "object",
-                    "properties": {
-                        "error": {
-                            "type": "object",
-                            "properties": {
-                                "code": {"type": "string"},
-                                "message": {"type": "string"},
-                                "fields": {"type": "array", "items": {"type": "object"}},
-                            },
-                            "required": ["code", "message"],
-                        }
-                    },
-                },
-                "Page": Page.model_json_schema(),
-                "Approval": Approval.model_json_schema(),
-            },
+            "schemas": schemas.components(),
         },
     }
 
