@@ -286,10 +286,13 @@ def _not_running(pod: port.PodInfo) -> str | None:
 
 
 class Thresholds(validation.Model):
-    """The seed's gpu-health-check.sh thresholds."""
+    """The field guide's health-check thresholds: its script flags a GPU at or above 80°C
+    (``-ge``, its default threshold argument) and its temperature table alerts above 85°C."""
 
-    temperature_warning: float = 85.0
-    temperature_critical: float = 90.0
+    temperature_warning: float = pydantic.Field(80.0, ge=0, le=150)
+    """A GPU at or above this temperature (°C) is a warning."""
+    temperature_critical: float = pydantic.Field(85.0, ge=0, le=150)
+    """A GPU above this temperature (°C) is critical."""
     utilization_low: float = 30.0
     memory_high_percent: float = 95.0
     held_memory_mib: float = pydantic.Field(1024.0, ge=0)
@@ -312,6 +315,8 @@ class HealthReportParams(validation.Model):
     exec_timeout_seconds: float = pydantic.Field(30.0, gt=0, le=600)
     fail_on: Literal["never", "warning", "critical"] = "never"
     """Fail the step when some finding is at least this severe (the report is kept)."""
+    notify_channel: str | None = pydantic.Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    """Send the findings to this notification channel (before ``fail_on`` fails the step)."""
 
 
 SEVERITY = {"ok": 0, "warning": 1, "critical": 2}
@@ -322,8 +327,8 @@ def gpu_flags(g: GpuHealth, t: Thresholds, *, held: bool) -> list[tuple[str, str
     flags: list[tuple[str, str]] = []
     if g.temperature is not None and g.temperature > t.temperature_critical:
         flags.append(("critical", f"temperature {g.temperature:g}C > {t.temperature_critical:g}C"))
-    elif g.temperature is not None and g.temperature > t.temperature_warning:
-        flags.append(("warning", f"temperature {g.temperature:g}C > {t.temperature_warning:g}C"))
+    elif g.temperature is not None and g.temperature >= t.temperature_warning:
+        flags.append(("warning", f"temperature {g.temperature:g}C >= {t.temperature_warning:g}C"))
     if g.ecc_uncorrected_volatile:
         flags.append(("critical", f"{g.ecc_uncorrected_volatile} uncorrectable ECC errors"))
     if held and g.utilization is not None and g.utilization < t.utilization_low:
@@ -421,6 +426,8 @@ class HealthReportAction(actions.Action[HealthReportParams]):
         summary = _summary(reports)
         output: dict[str, Any] = {"node_selector": selector, "nodes": reports, "summary": summary}
         worst = summary["worst"]
+        if params.notify_channel:
+            output["notified"] = await _notify(ctx, params.notify_channel, selector, summary)
         if params.fail_on != "never" and SEVERITY[worst] >= SEVERITY[params.fail_on]:
             findings = summary["findings"]
             raise errors.ActionFailed(
@@ -486,6 +493,42 @@ async def _allocated_gpus(ctx: actions.ActionContext, node: str) -> tuple[int | 
         return None, f"cannot list pods on {node}: {e}"
     live = [p for p in pods if p.phase not in ("Succeeded", "Failed") and not p.deletion_timestamp]
     return sum(p.gpu_requests for p in live), ""
+
+
+MAX_NOTIFIED_FINDINGS = 20
+
+
+async def _notify(
+    ctx: actions.ActionContext, channel: str, selector: str, summary: dict[str, Any]
+) -> dict[str, Any]:
+    """The findings, worst first, to on-call; a channel that fails does not lose the report."""
+    findings = sorted(summary["findings"], key=lambda f: -SEVERITY.get(f.split(":", 1)[0], 0))
+    counts = summary["gpus_by_severity"]
+    lines = [
+        f"GPU health sweep of {summary['nodes']} node(s) matching {selector!r}: "
+        f"{summary['gpus']} GPU(s), {counts['critical']} critical, {counts['warning']} warning, "
+        f"{summary['lost_gpus']} lost, {len(summary['unreachable_nodes'])} node(s) unreadable; "
+        f"worst: {summary['worst']}.",
+        *findings[:MAX_NOTIFIED_FINDINGS],
+    ]
+    if len(findings) > MAX_NOTIFIED_FINDINGS:
+        lines.append(f"... and {len(findings) - MAX_NOTIFIED_FINDINGS} more in the run's report.")
+    try:
+        sent: dict[str, Any] = await ctx.notifier.send(
+            channel=channel,
+            message="\n".join(lines),
+            data={
+                "event": "gpu_health_sweep",
+                "run_id": ctx.run_id,
+                "worst": summary["worst"],
+                "findings": findings,
+                "unreachable_nodes": summary["unreachable_nodes"],
+            },
+            idempotency_key=ctx.idempotency_key,
+        )
+    except errors.RemediatorError as e:
+        return {"delivered": False, "error": str(e)}
+    return sent
 
 
 def _summary(reports: list[dict[str, Any]]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ FIXTURES = tools.REPO / "tests" / "fixtures" / "alertmanager-0.25"
 EXPECTED_GPU_RULES = {
     "GPUTemperatureHigh": ("warning", "5m"),
     "GPUTemperatureCritical": ("critical", "2m"),
+    "GPUThermalPowerCap": ("warning", "1m"),  # the field guide's thermal script
     "GPUECCUncorrectableError": ("critical", None),
     "GPUECCCorrectableRateHigh": ("warning", "10m"),
     "GPUUtilizationLow": ("warning", "30m"),
@@ -54,7 +55,7 @@ def firing_fixture_alerts() -> dict[str, list[dict[str, Any]]]:
 
 def test_rule_files_pass_promtool_check() -> None:
     out = tools.run("promtool", ["check", "rules", *rulefiles.RULE_FILES])
-    assert "9 rules found" in out
+    assert "10 rules found" in out
     assert "6 rules found" in out
 
 
@@ -135,6 +136,8 @@ def test_rule_expressions_are_the_ones_behind_the_captured_fixtures() -> None:
             expr = urllib.parse.parse_qs(query)["g0.expr"][0]
             if name == "GPUUtilizationLow":  # ours adds the "a pod holds the GPU" condition
                 assert expr in rules[name]["expr"].replace('{exported_pod!=""}', "")
+            elif name == "GPUTemperatureHigh":  # ours adds the recovery below 73°C
+                assert rules[name]["expr"].startswith(f"{expr} or (")
             else:
                 assert rules[name]["expr"] == expr
 

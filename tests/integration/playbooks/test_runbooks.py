@@ -11,6 +11,7 @@ import pytest
 from remediator.actions import health
 from remediator.sim import testing
 from tests.integration.playbooks.conftest import (
+    FakeNotifier,
     MakeGpuHarness,
     cordoned,
     statuses,
@@ -21,11 +22,13 @@ from tests.integration.playbooks.conftest import (
 pytestmark = pytest.mark.timeout(60)
 
 
-async def test_fleet_health_sweep_reports_every_gpu_and_flags_the_seed_thresholds(
-    gpu_harness: MakeGpuHarness, sim: testing.RunningSim
+async def test_fleet_health_sweep_reports_every_gpu_and_flags_the_guide_thresholds(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, notifier: FakeNotifier
 ) -> None:
     sim.gpu("gpu-node-01", 0).temperature = 92
     sim.gpu("gpu-node-01", 1).temperature = 87
+    sim.gpu("gpu-node-01", 2).temperature = 80  # the guide's health check flags >= 80°C
+    sim.gpu("gpu-node-01", 3).temperature = 79
     sim.gpu("gpu-node-04", 6).ecc_uncorrected_volatile = 1
     full = sim.gpu("gpu-node-04", 7)
     full.memory_used = int(full.memory_total * 0.98)
@@ -33,7 +36,11 @@ async def test_fleet_health_sweep_reports_every_gpu_and_flags_the_seed_threshold
     h = await gpu_harness()
     run_id = await trigger(h, "fleet-health-sweep", {}, None)
     detail = await h.run_detail(run_id)
-    assert detail["status"] == "succeeded", statuses(detail)
+    # Like the guide's script (non-zero exit when anything is wrong): critical findings fail
+    # the run (fail_on: critical by default); the report is kept.
+    assert detail["status"] == "failed", statuses(detail)
+    assert statuses(detail) == {"report": "failed"}
+    assert "GPU health sweep found critical problems" in step(detail, "report")["error"]
     report = step(detail, "report")["output"]
     assert report["node_selector"] == "nvidia.com/gpu.present=true"
     nodes = {n["node"]: n for n in report["nodes"]}
@@ -47,7 +54,9 @@ async def test_fleet_health_sweep_reports_every_gpu_and_flags_the_seed_threshold
         return next(g for g in nodes[node]["gpus"] if g["index"] == index)
 
     assert gpu("gpu-node-01", 0)["severity"] == "critical"
-    assert gpu("gpu-node-01", 1)["flags"] == ["warning: temperature 87C > 85C"]
+    assert gpu("gpu-node-01", 1)["flags"] == ["critical: temperature 87C > 85C"]
+    assert gpu("gpu-node-01", 2)["flags"] == ["warning: temperature 80C >= 80C"]
+    assert gpu("gpu-node-01", 3)["flags"] == []
     assert gpu("gpu-node-04", 6)["flags"] == ["critical: 1 uncorrectable ECC errors"]
     assert "warning: memory 98% > 95%" in gpu("gpu-node-04", 7)["flags"]
     assert gpu("gpu-node-02", 2)["flags"] == ["warning: utilization 12% < 30% (held)"]
@@ -65,7 +74,45 @@ async def test_fleet_health_sweep_reports_every_gpu_and_flags_the_seed_threshold
     assert nodes["gpu-node-03"]["severity"] == "critical"
     assert nodes["gpu-node-03"]["lost"] == ["0000:48:00.0"]
     assert any("gpu-node-03: GPU 0000:48:00.0 is lost" in f for f in summary["findings"])
-    assert statuses(detail)["notify"] == "succeeded"
+    # The findings reach on-call, worst first, with the counts.
+    [sent] = notifier.sent
+    assert report["notified"]["delivered"] is True
+    assert sent["data"]["event"] == "gpu_health_sweep"
+    assert sent["data"]["worst"] == "critical"
+    assert sent["data"]["findings"] == sorted(
+        summary["findings"], key=lambda f: not f.startswith("critical")
+    )
+    message = sent["message"]
+    assert message.startswith(
+        "GPU health sweep of 4 node(s) matching 'nvidia.com/gpu.present=true'"
+    )
+    assert "critical: gpu-node-01 GPU 1 (" in message
+    assert "temperature 87C > 85C" in message
+    assert "warning: gpu-node-01 GPU 2 (" in message
+    assert message.index("critical:") < message.index("warning:")
+
+
+async def test_fleet_health_sweep_thresholds_and_fail_on_are_parameters(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, notifier: FakeNotifier
+) -> None:
+    sim.gpu("gpu-node-01", 0).temperature = 87
+    sim.gpu("gpu-node-01", 1).temperature = 82
+    h = await gpu_harness()
+    params = {"temperature_warning": 85, "temperature_critical": 90, "fail_on": "never"}
+    run_id = await trigger(h, "fleet-health-sweep", params, None)
+    detail = await h.run_detail(run_id)
+    assert detail["status"] == "succeeded", statuses(detail)
+    report = step(detail, "report")["output"]
+    rows = {(n["node"], g["index"]): g for n in report["nodes"] for g in n["gpus"]}
+    assert rows[("gpu-node-01", 0)]["flags"] == ["warning: temperature 87C >= 85C"]
+    assert rows[("gpu-node-01", 1)]["flags"] == []
+    assert "temperature 87C >= 85C" in notifier.sent[0]["message"]
+
+    sim.gpu("gpu-node-01", 0).temperature = 82  # a warning with the default 80°C
+    run_id = await trigger(h, "fleet-health-sweep", {"fail_on": "warning"}, None)
+    detail = await h.run_detail(run_id)
+    assert detail["status"] == "failed", statuses(detail)
+    assert "found warning problems" in step(detail, "report")["error"]
 
 
 async def test_fleet_health_sweep_reports_a_node_it_cannot_read(
