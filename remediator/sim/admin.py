@@ -1,5 +1,5 @@
 """Admin endpoints under ``/sim/v1``: GPU state, node flags, settings, faults, state, reset, the
-mutation log and the exec sessions."""
+mutation log, the exec sessions and out-of-band node reboots."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pydantic
 from aiohttp import web
 
-from remediator.sim import api, errors, faults, fleet, mutations, nvidia
+from remediator.sim import api, errors, faults, fleet, mutations, nvidia, reboots
 
 GPU_FIELDS = {f.name for f in dataclasses.fields(nvidia.Gpu)} - {"index"}
 
@@ -101,6 +101,14 @@ async def patch_node(request: web.Request) -> web.Response:
     if "bug_report_hangs" in body:
         host.bug_report_hangs = bool(body["bug_report_hangs"])
     return _json({"bug_report_hangs": host.bug_report_hangs})
+
+
+async def reboot_node(request: web.Request) -> web.Response:
+    """Reboot a node out of band (what a reboot hook would do, through a BMC say)."""
+    node = request.match_info["node"]
+    if not reboots.start(request.app[api.CLUSTER], node):
+        raise errors.ApiError(404, f"node {node} not found")
+    return _json({"node": node, "rebooting": True}, 202)
 
 
 async def get_settings(request: web.Request) -> web.Response:
@@ -200,5 +208,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_patch("/sim/v1/settings", patch_settings)
     app.router.add_get("/sim/v1/nodes/{node}/gpus", list_gpus)
     app.router.add_patch("/sim/v1/nodes/{node}", patch_node)
+    app.router.add_post("/sim/v1/nodes/{node}/reboot", reboot_node)
     app.router.add_get("/sim/v1/nodes/{node}/gpus/{index}", get_gpu)
     app.router.add_patch("/sim/v1/nodes/{node}/gpus/{index}", patch_gpu)

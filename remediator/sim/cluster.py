@@ -42,6 +42,7 @@ class Cluster:
         self.wake = asyncio.Event()
         self.exec_log: list[ExecRecord] = []
         self.mutations = mutations.Log()
+        self.reboots: list[str] = []  # nodes, in the order their reboots began
         self.store.hooks.append(self._on_change)
         seed(self, fleet)
 
@@ -65,6 +66,7 @@ class Cluster:
         self.hosts.clear()
         self.files.clear()
         self.exec_log.clear()
+        self.reboots.clear()
         self.mutations = mutations.Log(boot=self.mutations.boot)
         self.settings = self.fleet.settings.model_copy()
         seed(self, self.fleet)

@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 from remediator.sim import cluster as cluster_mod
-from remediator.sim import objects
+from remediator.sim import objects, reboots
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -228,5 +228,7 @@ class Controllers:
                     functools.partial(objects.mark_running, host_ip=ip),
                 )
                 self.ready_at.pop(uid, None)
+                if reboots.is_reboot_pod(pod):
+                    reboots.start(self.cluster, node_name)
         for uid in set(self.ready_at) - seen:
             del self.ready_at[uid]

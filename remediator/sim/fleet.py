@@ -51,6 +51,8 @@ class Settings(_Model):
     """Overrides terminationGracePeriodSeconds of every pod when set."""
     pod_startup_seconds: float = 1.0
     bug_report_seconds: float = 3.0
+    reboot_seconds: float = 60.0
+    """How long a rebooting host stays down (its node NotReady) before it is back."""
     driver_version: str = "535.129.03"
     cuda_version: str = "12.2"
 

@@ -2,7 +2,12 @@
 
 Formats, messages and exit codes follow real captures from an H200 (driver 580.159.04) in
 ``tests/fixtures/nvidia-smi/h200``. Exit codes: 0 ok, 2 invalid argument, 6 not found,
-15 GPU has fallen off the bus.
+15 GPU has fallen off the bus, 255 other (a reset refused because a process uses the GPU).
+
+A GPU reset (``-r``) and a host reboot clear what the driver keeps in memory: volatile ECC
+counters, a pending row remap (applied: the remapped-row counts stay), compute processes,
+power limits. Aggregate counters and a row-remap failure persist: they live in the GPU's
+InfoROM.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Callable
+from typing import Any
 
 from remediator.sim import nvidia_query
 
@@ -17,6 +23,7 @@ RC_OK = 0
 RC_INVALID = 2
 RC_NOT_FOUND = 6
 RC_GPU_LOST = 15
+RC_OTHER = 255
 
 Result = tuple[str, str, int]
 
@@ -51,6 +58,23 @@ class Gpu:
     clock_sm: int = 1980
     clock_memory: int = 2619
     lost: bool = False
+    processes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Compute processes: ``{"pid": int, "name": str, "used_mib": int}``."""
+    remapped_correctable: int = 0
+    remapped_uncorrectable: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+
+    def clear_volatile(self) -> None:
+        """What a GPU reset or a reboot clears (the GPU answers again after either)."""
+        self.lost = False
+        self.processes = []
+        self.ecc_corrected_volatile = 0
+        self.ecc_uncorrected_volatile = 0
+        self.remap_pending = False
+        self.power_limit = self.default_limit
+        self.memory_used = 0
+        self.utilization_gpu = 0
 
     @property
     def memory_free(self) -> int:
@@ -80,6 +104,10 @@ class Host:
     clock: Callable[[], datetime.datetime] = dataclasses.field(
         default=lambda: datetime.datetime.now(datetime.UTC)
     )
+
+    def reboot(self) -> None:
+        for gpu in self.gpus:
+            gpu.clear_volatile()
 
 
 def select(host: Host, ids: str | None) -> list[Gpu] | None:
@@ -115,6 +143,9 @@ class Args:
     query_gpu: str | None = None
     fmt: str | None = None
     power_limit: str | None = None
+    query_compute_apps: str | None = None
+    query_remapped_rows: str | None = None
+    reset: bool = False
     error: str | None = None
 
 
@@ -125,6 +156,8 @@ _VALUE_OPTS = {
     "--format": "fmt",
     "-pl": "power_limit",
     "--power-limit": "power_limit",
+    "--query-compute-apps": "query_compute_apps",
+    "--query-remapped-rows": "query_remapped_rows",
     "-d": "",
     "--display": "",
 }
@@ -147,6 +180,8 @@ def parse_args(argv: list[str]) -> Args:
             args.list_gpus = True
         elif item in ("-q", "--query"):
             args.query = True
+        elif item in ("-r", "--gpu-reset"):
+            args.reset = True
         else:
             args.error = (
                 'Invalid combination of input arguments. Please run "nvidia-smi -h" for help.'
@@ -164,6 +199,12 @@ def run(host: Host, argv: list[str]) -> Result:
         return "No devices were found\n", "", RC_NOT_FOUND
     if args.power_limit is not None:
         return set_power_limit(gpus, args.power_limit)
+    if args.reset:
+        return reset(gpus)
+    if args.query_compute_apps is not None:
+        return nvidia_query.query_compute_apps(gpus, args.query_compute_apps, args.fmt)
+    if args.query_remapped_rows is not None:
+        return nvidia_query.query_remapped_rows(gpus, args.query_remapped_rows, args.fmt)
     if args.query_gpu is not None:
         return nvidia_query.query_gpu(host, gpus, args.query_gpu, args.fmt)
     if args.list_gpus:
@@ -209,6 +250,29 @@ def set_power_limit(gpus: list[Gpu], raw: str) -> Result:
             f"Power limit for GPU {gpu.pci_bus_id} was set to {watts:.2f} W from "
             f"{previous:.2f} W.\n"
         )
+    return out + "All done.\n", "", RC_OK
+
+
+IN_USE_HINT = (
+    "1 device is currently being used by one or more other processes (e.g., Fabric Manager, "
+    "CUDA application, graphics application such as an X server, or a monitoring application "
+    "such as another instance of nvidia-smi). Please first kill all processes using this "
+    "device and all compute applications running in the system.\n"
+)
+
+
+def reset(gpus: list[Gpu]) -> Result:
+    """``-r``: refused for a GPU that is lost or in use; otherwise clears its volatile state."""
+    if any(g.lost for g in gpus):
+        return _lost_lines(gpus), "", RC_GPU_LOST
+    busy = [g for g in gpus if g.processes]
+    if busy:
+        out = "".join(f"GPU {g.pci_bus_id} is currently in use by another process.\n" for g in busy)
+        return out + "\n" + IN_USE_HINT, "", RC_OTHER
+    out = ""
+    for gpu in gpus:
+        gpu.clear_volatile()
+        out += f"GPU {gpu.pci_bus_id} was successfully reset.\n"
     return out + "All done.\n", "", RC_OK
 
 

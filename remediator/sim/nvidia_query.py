@@ -174,6 +174,13 @@ def _gpu_block(gpu: Gpu) -> list[str]:
         _kv(2, "Aggregate"),
         _kv(3, "DRAM Correctable", str(gpu.ecc_corrected_aggregate)),
         _kv(3, "DRAM Uncorrectable", str(gpu.ecc_uncorrected_aggregate)),
+        _kv(1, "Remapped Rows"),
+        _kv(2, "Correctable Error", str(gpu.remapped_correctable)),
+        _kv(2, "Inactive Correctable Error", "0"),
+        _kv(2, "Uncorrectable Error", str(gpu.remapped_uncorrectable)),
+        _kv(2, "Inactive Uncorrectable Error", "0"),
+        _kv(2, "Pending", "Yes" if gpu.remap_pending else "No"),
+        _kv(2, "Remapping Failure Occurred", "Yes" if gpu.remap_failure else "No"),
         _kv(1, "Temperature"),
         _kv(2, "GPU Current Temp", f"{gpu.temperature} C"),
         _kv(2, "Memory Current Temp", f"{gpu.memory_temperature} C"),
@@ -213,3 +220,88 @@ def query(host: Host, gpus: list[Gpu]) -> Result:
             lines.append("")
         lines += _gpu_block(gpu)
     return lost + "\n".join(lines) + "\n\n", "", 15 if lost else 0
+
+
+def _yes(flag: bool) -> str:
+    return "Yes" if flag else "No"
+
+
+APP_FIELDS: dict[str, tuple[str, str, Callable[[Gpu, dict[str, object]], str]]] = {
+    "gpu_uuid": ("gpu_uuid", "", lambda g, p: g.uuid),
+    "gpu_bus_id": ("gpu_bus_id", "", lambda g, p: g.pci_bus_id),
+    "pid": ("pid", "", lambda g, p: str(p["pid"])),
+    "process_name": ("process_name", "", lambda g, p: str(p["name"])),
+    "name": ("process_name", "", lambda g, p: str(p["name"])),
+    "used_gpu_memory": ("used_gpu_memory", "MiB", lambda g, p: str(p.get("used_mib", 0))),
+    "used_memory": ("used_gpu_memory", "MiB", lambda g, p: str(p.get("used_mib", 0))),
+}
+REMAP_FIELDS: dict[str, tuple[str, str, Callable[[Gpu], str]]] = {
+    "gpu_bus_id": ("gpu_bus_id", "", lambda g: g.pci_bus_id),
+    "gpu_uuid": ("gpu_uuid", "", lambda g: g.uuid),
+    "remapped_rows.correctable": (
+        "remapped_rows.correctable",
+        "",
+        lambda g: str(g.remapped_correctable),
+    ),
+    "remapped_rows.uncorrectable": (
+        "remapped_rows.uncorrectable",
+        "",
+        lambda g: str(g.remapped_uncorrectable),
+    ),
+    "remapped_rows.pending": ("remapped_rows.pending", "", lambda g: _yes(g.remap_pending)),
+    "remapped_rows.failure": ("remapped_rows.failure", "", lambda g: _yes(g.remap_failure)),
+}
+
+
+def _csv_options(fmt: str | None, flag: str) -> set[str] | str:
+    options = {o.strip() for o in (fmt or "").split(",") if o.strip()}
+    if "csv" not in options:
+        return f'"--format" must be specified along with "{flag}"\n'
+    return options
+
+
+def _header(fields: list[tuple[str, str]], options: set[str]) -> list[str]:
+    if "noheader" in options:
+        return []
+    return [", ".join(f"{h} [{u}]" if u else h for h, u in fields)]
+
+
+def query_compute_apps(gpus: list[Gpu], fields_arg: str, fmt: str | None) -> Result:
+    """``--query-compute-apps``: one line per compute process (only the header when none)."""
+    names = [f.strip() for f in fields_arg.split(",") if f.strip()]
+    unknown = next((n for n in names if n not in APP_FIELDS), None)
+    if unknown is not None:
+        return f'Field "{unknown}" is not a valid field to query.\n\n', "", 2
+    options = _csv_options(fmt, "--query-compute-apps")
+    if isinstance(options, str):
+        return options, "", 2
+    fields = [APP_FIELDS[n] for n in names]
+    lines = _header([(h, u) for h, u, _ in fields], options)
+    units = "nounits" not in options
+    for gpu in gpus:
+        for process in [] if gpu.lost else gpu.processes:
+            values = [get(gpu, process) for _, _, get in fields]
+            units_of = [u for _, u, _ in fields]
+            lines.append(
+                ", ".join(
+                    f"{v} {u}" if units and u else v for v, u in zip(values, units_of, strict=True)
+                )
+            )
+    lost = "".join(g.handle_error + "\n" for g in gpus if g.lost)
+    return lost + "".join(line + "\n" for line in lines), "", 15 if lost else 0
+
+
+def query_remapped_rows(gpus: list[Gpu], fields_arg: str, fmt: str | None) -> Result:
+    """``--query-remapped-rows``: one line per GPU, pending and failure as Yes/No."""
+    names = [f.strip() for f in fields_arg.split(",") if f.strip()]
+    unknown = next((n for n in names if n not in REMAP_FIELDS), None)
+    if unknown is not None:
+        return f'Field "{unknown}" is not a valid field to query.\n\n', "", 2
+    options = _csv_options(fmt, "--query-remapped-rows")
+    if isinstance(options, str):
+        return options, "", 2
+    fields = [REMAP_FIELDS[n] for n in names]
+    lines = _header([(h, u) for h, u, _ in fields], options)
+    lines += [", ".join(get(g) for _, _, get in fields) for g in gpus if not g.lost]
+    lost = "".join(g.handle_error + "\n" for g in gpus if g.lost)
+    return lost + "".join(line + "\n" for line in lines), "", 15 if lost else 0
