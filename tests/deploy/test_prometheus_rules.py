@@ -136,7 +136,7 @@ def test_rule_expressions_are_the_ones_behind_the_captured_fixtures() -> None:
             expr = urllib.parse.parse_qs(query)["g0.expr"][0]
             if name == "GPUUtilizationLow":  # ours adds the "a pod holds the GPU" condition
                 assert expr in rules[name]["expr"].replace('{exported_pod!=""}', "")
-            elif name == "GPUTemperatureHigh":  # ours adds the recovery below 73°C
+            elif name in ("GPUTemperatureHigh", "GPUTemperatureCritical"):  # + recovery
                 assert rules[name]["expr"].startswith(f"{expr} or (")
             else:
                 assert rules[name]["expr"] == expr

@@ -181,9 +181,15 @@ def _tokens(path: pathlib.Path) -> pathlib.Path:
 class World:
     """Everything running, with helpers to read remediator and the simulated cluster."""
 
-    def __init__(self, tmp: pathlib.Path, database_url: str) -> None:
+    def __init__(
+        self, tmp: pathlib.Path, database_url: str, *, exporter_pods: bool = False
+    ) -> None:
         self.tmp = tmp
         self.database_url = database_url
+        # False: the scrape relabels the exporter's Hostname (the node) into `node`. True: a
+        # GPU Operator cluster where dcgm-exporter's Hostname is its own pod's name, and the node
+        # arrives only as kubernetes_node (HOT) or as the instance the exporter reports (ECC).
+        self.exporter_pods = exporter_pods
         self.procs: list[Proc] = []
         self.serve: Serve | None = None
         self.exporter: Exporter | None = None
@@ -258,7 +264,7 @@ class World:
 
     def _dcgm_labels(self, node: str, index: int) -> dict[str, Any]:
         gpu = self.sim_gpu(node, index)
-        return {
+        labels = {
             "gpu": str(index),
             "UUID": gpu["uuid"],
             "pci_bus_id": gpu["pci_bus_id"],
@@ -267,6 +273,24 @@ class World:
             "Hostname": node,
             "DCGM_FI_DRIVER_VERSION": "535.129.03",
         }
+        if self.exporter_pods:
+            labels["Hostname"] = self.exporter_pod(node)
+            if (node, index) == HOT:
+                labels["kubernetes_node"] = node
+            else:
+                labels["instance"] = f"{node}:9400"
+        return labels
+
+    def exporter_pod(self, node: str) -> str:
+        url = f"{self.sim_url}/api/v1/namespaces/gpu-operator/pods"
+        params = {
+            "fieldSelector": f"spec.nodeName={node}",
+            "labelSelector": "app=nvidia-dcgm-exporter",
+        }
+        response = httpx.get(url, headers=self.sim_headers, params=params, timeout=5)
+        response.raise_for_status()
+        [pod] = response.json()["items"]
+        return str(pod["metadata"]["name"])
 
     def _serve_env(self) -> dict[str, str]:
         assert self.exporter is not None
@@ -329,10 +353,17 @@ class World:
                 {
                     "job_name": "dcgm-exporter",
                     "static_configs": [{"targets": [f"127.0.0.1:{self.exporter.port}"]}],
-                    # what the GPU Operator's ServiceMonitor does with the pod's node name
-                    "metric_relabel_configs": [
-                        {"source_labels": ["Hostname"], "target_label": "node"}
-                    ],
+                    # the exporter's own instance label is kept (ECC: "node:9400")
+                    **(
+                        {"honor_labels": True}
+                        if self.exporter_pods
+                        # what the GPU Operator's ServiceMonitor does with the pod's node name
+                        else {
+                            "metric_relabel_configs": [
+                                {"source_labels": ["Hostname"], "target_label": "node"}
+                            ]
+                        }
+                    ),
                 }
             ],
         }
@@ -411,6 +442,44 @@ def world(tmp_path: pathlib.Path) -> Iterator[World]:
             yield running.start()
         finally:
             running.stop()
+
+
+@pytest.fixture
+def exporter_pod_world(tmp_path: pathlib.Path) -> Iterator[World]:
+    _require(PROMETHEUS)
+    _require(ALERTMANAGER)
+    for url in fresh_pg_database():
+        running = World(tmp_path, url, exporter_pods=True)
+        try:
+            yield running.start()
+        finally:
+            running.stop()
+
+
+def test_alerts_whose_hostname_is_the_exporter_pod_act_on_the_node_the_gpu_is_on(
+    exporter_pod_world: World,
+) -> None:
+    """Hostname = the dcgm-exporter pod's name; the node only in kubernetes_node (HOT) or in
+    the exporter's instance label (ECC): each run acts on the GPU's own node."""
+    world = exporter_pod_world
+    assert world.exporter is not None
+    previous_limit = world.sim_gpu(*HOT)["power_limit"]
+    world.exporter.set(HOT, DCGM_FI_DEV_GPU_TEMP=88)
+    world.exporter.set(ECC, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=2)
+
+    hot = world.wait_run("gpu-temperature-high", HOT[0], {"succeeded"}, 60)
+    assert world.sim_gpu(*HOT)["power_limit"] == pytest.approx(previous_limit * 0.7)
+    assert world.sim_gpu(HOT[0], 1)["power_limit"] == previous_limit
+    assert world.detail(hot["id"])["node"] == HOT[0]
+
+    ecc = world.wait_run("gpu-ecc-uncorrectable", ECC[0], {"waiting_approval"}, 60)
+    node = world.sim_node(ECC[0])
+    assert node["spec"].get("unschedulable") is True
+    assert node["metadata"]["labels"].get("gpu-status") == "faulty"
+    assert world.detail(ecc["id"])["node"] == ECC[0]
+    runs = world.api("GET", "/api/v1/runs", params={"limit": "200"})["items"]
+    assert {r["node"] for r in runs} <= {HOT[0], ECC[0]}, runs
+    assert all(r["status"] != "failed" for r in runs), runs
 
 
 def _verify_chain(world: World) -> dict[str, Any]:

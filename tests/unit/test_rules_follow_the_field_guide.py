@@ -97,10 +97,13 @@ def test_no_rule_compares_a_per_second_rate_with_a_per_hour_threshold() -> None:
     assert "/s" not in description
 
 
-@pytest.mark.parametrize("alert", ["GPUThermalPowerCap", "GPUTemperatureHigh"])
+@pytest.mark.parametrize(
+    "alert", ["GPUThermalPowerCap", "GPUTemperatureHigh", "GPUTemperatureCritical"]
+)
 def test_alerts_whose_resolution_restores_the_power_limit_hold_until_below_73(alert: str) -> None:
-    """The thermal playbook undoes its cap when these resolve: they must resolve only below
-    the guide's restore threshold, never at the firing threshold (no flapping)."""
+    """The thermal playbooks undo their caps when these resolve: they must resolve only below
+    the guide's restore threshold, never at the firing threshold (no flapping), and never
+    while another of them still holds the same GPU's cap."""
     _, hold = split_hysteresis(rules()[alert]["expr"])
     assert hold is not None, f"{alert} has no recovery condition"
     assert comparisons(hold) == {("DCGM_FI_DEV_GPU_TEMP", ">=", GUIDE_RESTORE_BELOW)}
