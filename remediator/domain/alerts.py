@@ -73,14 +73,15 @@ def parse_timestamp(value: object) -> dt.datetime:
 Timestamp = Annotated[dt.datetime, pydantic.BeforeValidator(parse_timestamp)]
 
 
-def _json_integer(value: object) -> object:
+def json_integer(value: object) -> object:
+    """A JSON integer as it is (5 or 5.0); a string or a boolean is refused."""
     if isinstance(value, str | bool):  # pydantic would read "5" and true as integers
         raise ValueError("must be a JSON integer")
     return value
 
 
 # A JSON integer (5 or 5.0), not a string or a boolean.
-JsonInteger = Annotated[int, pydantic.BeforeValidator(_json_integer)]
+JsonInteger = Annotated[int, pydantic.BeforeValidator(json_integer)]
 LabelSet = dict[Annotated[str, pydantic.StringConstraints(max_length=1024)], str]
 
 

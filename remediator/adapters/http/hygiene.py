@@ -8,6 +8,8 @@
   cross-site``, is refused (403): another site's page never acts with a browser's credentials.
   Machine clients such as Alertmanager send no Origin.
 - Compressed request bodies (``Content-Encoding``) are refused unread (415): nothing is inflated.
+- A query parameter with a NUL character is refused (400) on every backend: Postgres cannot
+  compare text with one.
 - Handlers read bodies only after authentication, through ``read_json`` / ``read_form``: the
   content type first (415; JSON only as ``application/json``, which a cross-site form or a
   preflight-free fetch cannot send), then at most a limit (413) within ``body_read_timeout``
@@ -114,6 +116,10 @@ def _refusal(request: web.Request) -> web.Response | None:
             return http_errors.error_response(
                 403, "cross_origin", "cross-origin requests may not change anything"
             )
+    if any("\x00" in key or "\x00" in value for key, value in request.query.items()):
+        return http_errors.error_response(  # Postgres cannot compare text with NUL in it
+            400, "invalid", "query parameters may not contain NUL characters"
+        )
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if request.body_exists and encoding not in ("", "identity"):
         request[HANG_UP] = True

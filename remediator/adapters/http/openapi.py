@@ -300,6 +300,11 @@ def _path_schema(name: str) -> dict[str, Any]:
     return {"type": "string", "pattern": ID_PATTERN}
 
 
+def _query_schema(kind: str) -> dict[str, Any]:
+    # Any query parameter with a NUL character is refused (``hygiene``).
+    return {"type": kind, "pattern": schemas.NO_NUL} if kind == "string" else {"type": kind}
+
+
 def _parameters(path: str, operation: Operation) -> list[dict[str, Any]]:
     params: list[dict[str, Any]] = [
         {"name": name, "in": "path", "required": True, "schema": _path_schema(name)}
@@ -310,7 +315,7 @@ def _parameters(path: str, operation: Operation) -> list[dict[str, Any]]:
             "name": name,
             "in": "query",
             "required": False,
-            "schema": _QUERY_SCHEMAS.get(name, {"type": kind}),
+            "schema": _QUERY_SCHEMAS.get(name, _query_schema(kind)),
             "description": description,
         }
         for name, kind, description in operation.query
@@ -326,8 +331,11 @@ def _refusals(method: str, path: str, operation: Operation) -> dict[str, str]:
     """The error statuses of one operation, each with what it means."""
     page = path.startswith("/runbooks")
     found = {"421": "without a tokens file, a Host other than localhost, 127.0.0.1, [::1]"}
-    if operation.query or operation.body is not None:
-        found["400"] = "invalid parameters or body (see error.fields)"
+    found["400"] = (
+        "invalid parameters or body (see error.fields)"
+        if operation.query or operation.body is not None
+        else "a query parameter with a NUL character"
+    )
     if "{" in path:
         found["404"] = "not found (an id that is not ASCII decimal within 63 bits never is)"
     if operation.roles is not None:

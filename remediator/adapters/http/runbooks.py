@@ -18,6 +18,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
+import annotated_types
 import pydantic
 from aiohttp import web
 
@@ -35,7 +36,11 @@ NODE_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 ParamValue = (
     pydantic.StrictStr
     | pydantic.StrictBool
-    | Annotated[alerts.JsonInteger, pydantic.Field(ge=-(2**63), le=2**63 - 1)]
+    | Annotated[
+        int,
+        annotated_types.Interval(ge=-(2**63), le=2**63 - 1),
+        pydantic.BeforeValidator(alerts.json_integer),
+    ]
 )
 
 

@@ -87,7 +87,7 @@ def webhook_payload() -> dict[str, dict[str, Any]]:
 
 class LoginForm(pydantic.BaseModel):
     token: str
-    name: str | None = None
+    name: str = ""
     csrf: str
 
 
@@ -110,7 +110,7 @@ class TriggerForm(pydantic.BaseModel):
             "additionalProperties": {"type": "string"},
         },
     )
-    node: str | None = None
+    node: str = ""
     csrf: str
 
 

@@ -70,7 +70,8 @@ ADMIN_TOKEN = "schemathesis-admin-token-0123456789"
 
 @pytest.fixture
 def live_server(tmp_path, database_url):
-    """A real ``remediator serve`` on 127.0.0.1 with a tokens file. Wrong tokens are throttled
+    """A real ``remediator serve`` on 127.0.0.1 with a tokens file, on each database backend
+    (Postgres refuses what SQLite takes: NUL characters in text). Wrong tokens are throttled
     only past a million failures: schemathesis sends invalid credentials on purpose (to check
     they are refused with 401) far more often than five times a minute."""
     tokens = tmp_path / "tokens.yaml"
@@ -86,6 +87,7 @@ def live_server(tmp_path, database_url):
         "REMEDIATOR_ARTIFACT_DIR": str(tmp_path / "artifacts"),
         "REMEDIATOR_TOKENS": str(tokens),
         "REMEDIATOR_AUTH_FAILURE_LIMIT": "1000000",
+        "REMEDIATOR_MIGRATE_ON_START": "true",
     }
     server = procs.Serve(env=env, log=tmp_path / "serve.log").start()
     try:
