@@ -274,14 +274,17 @@ class World:
             "DCGM_FI_DRIVER_VERSION": "535.129.03",
         }
         if self.exporter_pods:
-            labels["Hostname"] = self.exporter_pod(node)
+            pod = self.exporter_pod(node)
+            labels["Hostname"] = pod["metadata"]["name"]
             if (node, index) == HOT:
                 labels["kubernetes_node"] = node
-            else:
+            elif (node, index) == ECC:
                 labels["instance"] = f"{node}:9400"
+            else:  # the scrape target: the exporter pod's IP
+                labels["instance"] = f"{pod['status']['podIP']}:9400"
         return labels
 
-    def exporter_pod(self, node: str) -> str:
+    def exporter_pod(self, node: str) -> dict[str, Any]:
         url = f"{self.sim_url}/api/v1/namespaces/gpu-operator/pods"
         params = {
             "fieldSelector": f"spec.nodeName={node}",
@@ -290,7 +293,7 @@ class World:
         response = httpx.get(url, headers=self.sim_headers, params=params, timeout=5)
         response.raise_for_status()
         [pod] = response.json()["items"]
-        return str(pod["metadata"]["name"])
+        return dict(pod)
 
     def _serve_env(self) -> dict[str, str]:
         assert self.exporter is not None
@@ -459,13 +462,15 @@ def exporter_pod_world(tmp_path: pathlib.Path) -> Iterator[World]:
 def test_alerts_whose_hostname_is_the_exporter_pod_act_on_the_node_the_gpu_is_on(
     exporter_pod_world: World,
 ) -> None:
-    """Hostname = the dcgm-exporter pod's name; the node only in kubernetes_node (HOT) or in
-    the exporter's instance label (ECC): each run acts on the GPU's own node."""
+    """Hostname = the dcgm-exporter pod's name; the node only in kubernetes_node (HOT), as the
+    exporter's instance (ECC), or not at all: instance is the exporter pod's IP (XID). Each run
+    acts on the GPU's own node."""
     world = exporter_pod_world
     assert world.exporter is not None
     previous_limit = world.sim_gpu(*HOT)["power_limit"]
     world.exporter.set(HOT, DCGM_FI_DEV_GPU_TEMP=88)
     world.exporter.set(ECC, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=2)
+    world.exporter.set(XID, DCGM_FI_DEV_XID_ERRORS=79)
 
     hot = world.wait_run("gpu-temperature-high", HOT[0], {"succeeded"}, 60)
     assert world.sim_gpu(*HOT)["power_limit"] == pytest.approx(previous_limit * 0.7)
@@ -477,8 +482,12 @@ def test_alerts_whose_hostname_is_the_exporter_pod_act_on_the_node_the_gpu_is_on
     assert node["spec"].get("unschedulable") is True
     assert node["metadata"]["labels"].get("gpu-status") == "faulty"
     assert world.detail(ecc["id"])["node"] == ECC[0]
+
+    xid = world.wait_run("gpu-xid-error", XID[0], {"waiting_approval"}, 60)
+    assert world.sim_node(XID[0])["spec"].get("unschedulable") is True
+    assert world.detail(xid["id"])["node"] == XID[0]
     runs = world.api("GET", "/api/v1/runs", params={"limit": "200"})["items"]
-    assert {r["node"] for r in runs} <= {HOT[0], ECC[0]}, runs
+    assert {r["node"] for r in runs} <= {HOT[0], ECC[0], XID[0]}, runs
     assert all(r["status"] != "failed" for r in runs), runs
 
 
