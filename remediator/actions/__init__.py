@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from remediator.actions import basic, health, kube
+from typing import Any
+
+from remediator.actions import basic, health, kube, ladder, reboot, remap, replacement, reset
 from remediator.ports import actions as ports_actions
 
 
 def builtin_registry() -> ports_actions.Registry:
     registry = ports_actions.Registry()
-    for action in [*basic.ACTIONS, *kube.KUBE_ACTIONS, *health.ACTIONS]:
+    ladder_actions: list[ports_actions.Action[Any]] = [
+        ladder.LadderAction(),
+        reset.ResetAction(),
+        reboot.RebootAction(),
+        replacement.MarkForReplacementAction(),
+        remap.RowRemapStatusAction(),
+    ]
+    for action in [*basic.ACTIONS, *kube.KUBE_ACTIONS, *health.ACTIONS, *ladder_actions]:
         registry.register(action)
     return registry

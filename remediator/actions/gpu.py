@@ -40,6 +40,7 @@ QUERY = (
     "power.max_limit,enforced.power.limit"
 )
 TOLERANCE_W = 0.5
+RC_GPU_LOST = 15
 EXIT_CODES = {
     2: "invalid argument",
     3: "not supported",

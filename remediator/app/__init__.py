@@ -45,6 +45,7 @@ from remediator.engine import (
     approvals,
     executor,
     guarding,
+    ladders,
     lifecycle,
     planning,
     previewing,
@@ -122,7 +123,11 @@ class Components:
             cluster=cluster,
             clock=clock,
             observer=self.metrics,
-            extra={"artifact_dir": settings.artifact_dir},
+            extra={
+                "artifact_dir": settings.artifact_dir,
+                "ladder": ladders.StoreLadder(self.store),
+                "reboot": settings.reboot,
+            },
             silencer=(
                 alertmanager.AlertmanagerSilencer(str(settings.alertmanager_url))
                 if settings.alertmanager_url

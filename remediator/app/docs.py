@@ -208,6 +208,8 @@ def actions_md(registry: actions.Registry | None = None) -> str:
             f"Disruptive: {'yes' if action.disruptive else 'no'}. "
             f"Undo: {'yes' if action.supports_undo else 'no'}.",
             "",
+            *[f"- *{part}*: {text}" for part, text in action.semantics.items()],
+            *([""] if action.semantics else []),
             "```json",
             json.dumps(schema, indent=2, sort_keys=True),
             "```",

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import pydantic
 import pydantic_settings
 
+from remediator.actions import reboot as reboot_action
 from remediator.adapters import kubernetes as kube_adapter
 from remediator.domain import guards as guards_mod
 from remediator.domain import targeting
@@ -141,6 +142,11 @@ class Settings(pydantic_settings.BaseSettings):
     )
     artifact_dir: pathlib.Path = pydantic.Field(
         default=pathlib.Path("artifacts"), description="Where bug reports and other artifacts go."
+    )
+    reboot: reboot_action.RebootConfig = pydantic.Field(
+        default_factory=reboot_action.RebootConfig,
+        description="How node.reboot reboots a host: disabled (default) or a hook URL that "
+        "power-cycles the machine out of band.",
     )
     log_level: str = pydantic.Field(
         default="INFO",

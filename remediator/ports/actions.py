@@ -98,6 +98,8 @@ class Action(abc.ABC, Generic[P]):
     undo_returns_to_service: ClassVar[bool] = False
     #: ``observe`` can tell whether its effect is still in the cluster (the reconciler asks).
     observable: ClassVar[bool] = False
+    #: What ``check``, ``apply`` and ``undo`` mean for it, one line each (for the reference).
+    semantics: ClassVar[Mapping[str, str]] = {}
 
     @abc.abstractmethod
     async def check(self, ctx: ActionContext, params: P) -> Check:

@@ -137,6 +137,10 @@ class NodeInfo:
     unschedulable: bool
     resource_version: str
     uid: str = ""
+    ready: bool | None = None
+    """The node's ``Ready`` condition: True, False, or None (Unknown or not reported)."""
+    boot_id: str = ""
+    """``status.nodeInfo.bootID``: changes when the host reboots."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

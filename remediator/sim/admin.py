@@ -111,6 +111,15 @@ async def reboot_node(request: web.Request) -> web.Response:
     return _json({"node": node, "rebooting": True}, 202)
 
 
+async def reboot_hook(request: web.Request) -> web.Response:
+    """A reboot hook receiver: ``{"node": ...}`` in the body (what remediator's hook sends)."""
+    body = await _body(request)
+    node = body.get("node")
+    if not isinstance(node, str) or not reboots.start(request.app[api.CLUSTER], node):
+        raise errors.ApiError(404, f"node {node} not found")
+    return _json({"node": node, "rebooting": True}, 202)
+
+
 async def get_settings(request: web.Request) -> web.Response:
     return _json(request.app[api.CLUSTER].settings.model_dump())
 
@@ -209,5 +218,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/sim/v1/nodes/{node}/gpus", list_gpus)
     app.router.add_patch("/sim/v1/nodes/{node}", patch_node)
     app.router.add_post("/sim/v1/nodes/{node}/reboot", reboot_node)
+    app.router.add_post("/sim/v1/reboots", reboot_hook)
     app.router.add_get("/sim/v1/nodes/{node}/gpus/{index}", get_gpu)
     app.router.add_patch("/sim/v1/nodes/{node}/gpus/{index}", patch_gpu)

@@ -38,7 +38,16 @@ def node(obj: Obj) -> port.NodeInfo:
         taints=[taint(t) for t in spec.get("taints") or []],
         unschedulable=bool(spec.get("unschedulable")),
         resource_version=str(meta.get("resourceVersion") or ""),
+        ready=_node_ready(obj),
+        boot_id=str(((obj.get("status") or {}).get("nodeInfo") or {}).get("bootID") or ""),
     )
+
+
+def _node_ready(obj: Obj) -> bool | None:
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return {"True": True, "False": False}.get(str(condition.get("status")))
+    return None
 
 
 def taint(obj: Obj) -> port.Taint:
