@@ -36,9 +36,35 @@ class Previewer:
     node_labels: tuple[str, ...] = targeting_rules.DEFAULT_ORDER
 
     async def plan_payload(self, payload: alerts.WebhookPayload) -> list[dict[str, Any]]:
-        return [await self.plan_alert(alert) for alert in payload.alerts]
+        """Every alert's plan. The guards' verdicts of all of them are read in one transaction
+        (one per alert and playbook queued behind every write, and took seconds)."""
+        drafts = [await self._draft(alert) for alert in payload.alerts]
+        wanted = {
+            (playbook.name, new.node): (playbook.guards.apply(self.guards), new.node)
+            for _, matched in drafts
+            for playbook, new in matched
+            if new.status is not runs.RunStatus.FAILED
+        }
+        verdicts = await self._verdicts(wanted)
+        planned = []
+        for alert, matched in drafts:
+            plans = [
+                await self._plan_run(
+                    playbook,
+                    new,
+                    dict(alert.labels),
+                    alert,
+                    verdicts.get((playbook.name, new.node)),
+                )
+                for playbook, new in matched
+            ]
+            planned.append(_alert_plan(alert, plans))
+        return planned
 
-    async def plan_alert(self, alert: alerts.Alert) -> dict[str, Any]:
+    async def _draft(
+        self, alert: alerts.Alert
+    ) -> tuple[alerts.Alert, list[tuple[playbooks.Playbook, records.NewRun]]]:
+        """The runs ``alert`` would start, before guards and previews."""
         episode = records.Episode(
             id=0,
             fingerprint=alert.fingerprint,
@@ -61,15 +87,8 @@ class Previewer:
             new = planning.plan_alert_run(
                 playbook, episode, self.registry, dry_run=self.dry_run, node=node
             )
-            matched.append(await self._plan_run(playbook, new, episode.labels, alert))
-        return {
-            "alert": alerts.describe(alert),
-            "resolved": alert.status is alerts.AlertStatus.RESOLVED,
-            "note": "a resolved alert starts nothing"
-            if alert.status is alerts.AlertStatus.RESOLVED
-            else "",
-            "playbooks": matched,
-        }
+            matched.append((playbook, new))
+        return alert, matched
 
     async def _node(
         self,
@@ -92,6 +111,7 @@ class Previewer:
         new: records.NewRun,
         labels: dict[str, str],
         alert: alerts.Alert | None,
+        verdict: guard_rules.Verdict | None,
     ) -> dict[str, Any]:
         out: dict[str, Any] = {
             "playbook": playbook.name,
@@ -104,8 +124,6 @@ class Previewer:
         }
         if new.status is runs.RunStatus.FAILED:
             return out | {"steps": []}
-        config = playbook.guards.apply(self.guards)
-        verdict = await self._verdict(config, new.node)
         steps = []
         for step in new.steps:
             steps.append(
@@ -201,8 +219,15 @@ class Previewer:
     async def _verdict(
         self, config: guard_rules.GuardConfig, node: str | None
     ) -> guard_rules.Verdict | None:
-        if self.store is None:
-            return None
+        return (await self._verdicts({None: (config, node)})).get(None)
+
+    async def _verdicts(
+        self, wanted: dict[Any, tuple[guard_rules.GuardConfig, str | None]]
+    ) -> dict[Any, guard_rules.Verdict]:
+        """The guards' verdict on one more run for each wanted ``(config, node)``, read in one
+        transaction; none without a store."""
+        if self.store is None or not wanted:
+            return {}
         disruptive = frozenset(a.name for a in self.registry.all() if a.disruptive)
         names = guarding.disruptive_playbooks(self.index, disruptive)
         fleet = None
@@ -213,12 +238,17 @@ class Previewer:
                 fleet = {n.name: dict(n.labels) for n in nodes}
             except Exception:  # the plan still shows everything else
                 fleet = None
-        gate = guarding.Gate(
-            base=config, index=self.index, disruptive_actions=disruptive, fleet=fleet
-        )
-        pool, gpu_nodes = gate.scope(config, node)
+        gates = {
+            key: guarding.Gate(
+                base=config, index=self.index, disruptive_actions=disruptive, fleet=fleet
+            ).scope(config, node)
+            for key, (config, node) in wanted.items()
+        }
 
-        def snapshot(tx: store.Tx) -> guard_rules.Verdict:
+        def snapshot(
+            tx: store.Tx, config: guard_rules.GuardConfig, node: str | None, key: Any
+        ) -> guard_rules.Verdict:
+            pool, gpu_nodes = gates[key]
             state = tx.guard_snapshot(
                 node=node,
                 since=tx.now - config.breaker_window,
@@ -230,4 +260,17 @@ class Previewer:
             state = dataclasses.replace(state, recent_runs=state.recent_runs + 1)
             return guard_rules.decide(config, state, node=node, now=tx.now)
 
-        return await self.store.run("plan", snapshot)
+        def snapshots(tx: store.Tx) -> dict[Any, guard_rules.Verdict]:
+            return {key: snapshot(tx, config, node, key) for key, (config, node) in wanted.items()}
+
+        return await self.store.run("plan", snapshots)
+
+
+def _alert_plan(alert: alerts.Alert, plans: list[dict[str, Any]]) -> dict[str, Any]:
+    resolved = alert.status is alerts.AlertStatus.RESOLVED
+    return {
+        "alert": alerts.describe(alert),
+        "resolved": resolved,
+        "note": "a resolved alert starts nothing" if resolved else "",
+        "playbooks": plans,
+    }

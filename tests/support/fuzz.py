@@ -260,6 +260,16 @@ class Generator:
                 parent[path[-1]] = self.text()
         return body
 
+    def crowd(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The payload with tens or hundreds of alerts like its first (on as many nodes)."""
+        alert = body["alerts"][0]
+        count = self.rng.choice([10, 50, 51, 400])
+        crowd = [
+            alert | {"fingerprint": f"{n:016x}", "labels": alert["labels"] | {"node": f"n-{n}"}}
+            for n in range(count)
+        ]
+        return body | {"alerts": crowd}
+
     def dump(self, value: Any) -> bytes:
         try:
             text = json.dumps(value, ensure_ascii=self.chance(0.5))
@@ -338,6 +348,8 @@ class Generator:
 
     def intake(self) -> Wire:
         body = self.pick(self.creds.bodies)
+        if self.chance(0.05):
+            body = self.crowd(body)
         if self.chance(0.85):
             body = self.mutate(body, self.rng.randrange(1, 4))
         headers = self.auth("ingest", "admin") + self.content_type(JSON_TYPE)
@@ -356,6 +368,7 @@ class Generator:
                 (f"/api/v1/runbooks/{book}/runs", {"selector": "gpu=true", "dryRun": True}),
                 (f"/api/v1/runbooks/{book}/runs", {"dryRun": True, "params": {}}),
                 ("/api/v1/plan", self.pick(self.creds.bodies)),
+                ("/api/v1/plan", self.crowd(self.pick(self.creds.bodies))),
             ]
         )
         if self.chance(0.8):

@@ -140,7 +140,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         summary="Plan a playbook for a node without running it",
         tag="runs",
         roles=READ,
-        body="WebhookPayload",
+        body="PlanPayload",
     ),
     ("GET", "/api/v1/approvals"): Operation(
         summary="Steps waiting for approval with run, alert and Alertmanager link",

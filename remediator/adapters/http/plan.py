@@ -23,6 +23,10 @@ class PlanDeps:
 
 
 PLAN = web.AppKey("plan", PlanDeps)
+# Each alert is planned with its guards' verdict read from the database and every step
+# previewed: a few milliseconds each, so a body within max_body_bytes (thousands of alerts)
+# kept a reader's request busy for tens of seconds. Alertmanager groups hold a handful.
+MAX_ALERTS = 50
 
 
 async def post_plan(request: web.Request) -> web.Response:
@@ -36,6 +40,12 @@ async def post_plan(request: web.Request) -> web.Response:
         raise errors.ValidationFailed(
             "not an Alertmanager webhook payload (version 4)", fields=alerts.validation_fields(e)
         ) from None
+    if len(payload.alerts) > MAX_ALERTS:
+        message = f"at most {MAX_ALERTS} alerts per plan, got {len(payload.alerts)}"
+        raise errors.ValidationFailed(
+            f"{message}: plan the payload in parts",
+            fields=[{"field": "alerts", "message": message}],
+        )
     problems = alerts.check_limits(payload)
     if problems:  # intake would refuse it: nothing would happen
         raise errors.ValidationFailed(

@@ -12,6 +12,7 @@ from typing import Any
 
 import pydantic
 
+from remediator.adapters.http import plan
 from remediator.domain import alerts, matching
 
 NO_NUL = "^[^\\x00]*$"  # Postgres cannot store NUL in text: intake refuses it everywhere
@@ -79,6 +80,11 @@ def webhook_payload() -> dict[str, dict[str, Any]]:
                 field["pattern"] = NO_NUL
     for name in ("startsAt", "endsAt"):
         alert[name]["description"] = "RFC 3339; a time past the year 9999 in UTC is refused"
+    found["PlanPayload"] = {
+        "description": f"A webhook payload of at most {plan.MAX_ALERTS} alerts",
+        "allOf": [{"$ref": REF.format(model="WebhookPayload")}],
+        "properties": {"alerts": {"type": "array", "maxItems": plan.MAX_ALERTS}},
+    }
     return found
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from remediator.sim import testing
@@ -87,3 +90,32 @@ async def test_a_plan_refuses_what_is_not_a_payload(make_harness):
     )
     assert response.status == 400
     assert (await response.json())["error"]["fields"]
+
+
+async def test_a_plan_of_more_alerts_than_a_plan_takes_is_refused_at_once(make_harness):
+    """Every alert is planned with a guard verdict from the database and each step previewed:
+    a body of 1,000 alerts, within the 1 MiB limit, kept one reader's request busy for half a
+    minute."""
+    h = await make_harness(PLAYBOOK)
+    payload = json.loads(am_fixture("GPUTemperatureHigh-firing-2alerts"))
+    alert = payload["alerts"][0]
+    payload["alerts"] = [
+        alert | {"fingerprint": f"{n:016x}", "labels": alert["labels"] | {"node": f"n{n}"}}
+        for n in range(500)
+    ]
+    started = time.monotonic()
+    response = await h.client.post(
+        "/api/v1/plan", data=json.dumps(payload), headers={"Content-Type": "application/json"}
+    )
+    assert response.status == 400
+    error = (await response.json())["error"]
+    assert error["fields"] == [
+        {"field": "alerts", "message": "at most 50 alerts per plan, got 500"}
+    ]
+    assert time.monotonic() - started < 2
+    payload["alerts"] = payload["alerts"][:50]
+    response = await h.client.post(
+        "/api/v1/plan", data=json.dumps(payload), headers={"Content-Type": "application/json"}
+    )
+    assert response.status == 200, await response.text()
+    assert len((await response.json())["alerts"]) == 50
