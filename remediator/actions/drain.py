@@ -31,20 +31,25 @@ MIRROR = "kubernetes.io/config.mirror"
 FINISHED = ("Succeeded", "Failed")
 
 
-class DrainParams(validation.Model):
-    node: validation.NodeName | None = None
+class EvictionParams(validation.Model):
+    """kubectl's filters and the eviction loop's knobs, shared by every draining action."""
+
     ignore_daemonsets: bool = True
     delete_emptydir_data: bool = False
     force: bool = False
     """Also evict pods that no controller manages (they will not come back)."""
     grace_period_seconds: int | None = pydantic.Field(None, ge=0, le=86400)
     """Default: each pod's own terminationGracePeriodSeconds."""
-    pod_selector: validation.LabelSelector | None = None
     timeout_seconds: float = pydantic.Field(300.0, gt=0, le=86400)
     eviction_retry_interval_seconds: float = pydantic.Field(5.0, gt=0, le=600)
     poll_interval_seconds: float = pydantic.Field(1.0, gt=0, le=60)
     max_concurrency: int = pydantic.Field(10, ge=1, le=100)
     skip_wait_for_delete_timeout_seconds: int = pydantic.Field(0, ge=0)
+
+
+class DrainParams(EvictionParams):
+    node: validation.NodeName | None = None
+    pod_selector: validation.LabelSelector | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +68,7 @@ class Plan:
     warnings: dict[str, str]
 
 
-def decide(pod: port.PodInfo, params: DrainParams, *, now: dt.datetime) -> Decision:
+def decide(pod: port.PodInfo, params: EvictionParams, *, now: dt.datetime) -> Decision:
     """kubectl's filter chain for one pod (``pkg/drain/filters.go``)."""
     finished = pod.phase in FINISHED
     timeout = params.skip_wait_for_delete_timeout_seconds
@@ -91,7 +96,7 @@ def decide(pod: port.PodInfo, params: DrainParams, *, now: dt.datetime) -> Decis
     return Decision(pod, True, warning)
 
 
-def plan_drain(pods: list[port.PodInfo], params: DrainParams, *, now: dt.datetime) -> Plan:
+def plan_drain(pods: list[port.PodInfo], params: EvictionParams, *, now: dt.datetime) -> Plan:
     plan = Plan(evict=[], skipped={}, errors={}, warnings={})
     for pod in pods:
         decision = decide(pod, params, now=now)
@@ -127,7 +132,7 @@ def pdb_selects(pdb: port.PdbInfo, labels: dict[str, str]) -> bool:
 class _Eviction:
     """The state of one drain while it runs; ``report()`` is both progress and output."""
 
-    def __init__(self, ctx: actions.ActionContext, node: str, params: DrainParams) -> None:
+    def __init__(self, ctx: actions.ActionContext, node: str, params: EvictionParams) -> None:
         self.ctx = ctx
         self.cluster = ctx.require_cluster()
         self.node = node
@@ -226,6 +231,42 @@ def _describe_remaining(report: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+async def evict(
+    ctx: actions.ActionContext,
+    *,
+    node: str,
+    pods: list[port.PodInfo],
+    params: EvictionParams,
+    base: dict[str, Any],
+    what: str,
+    left: str = "",
+) -> dict[str, Any]:
+    """Evict ``pods`` in parallel, retrying those a budget blocks, and wait until they are
+    gone, reporting progress; the final report, or ``ActionFailed`` on timeout or errors
+    (``what`` names the drain in the message, ``left`` says what state it leaves)."""
+    eviction = _Eviction(ctx, node, params)
+    try:
+        async with asyncio.timeout(params.timeout_seconds):
+            await eviction.run(pods)
+    except TimeoutError:
+        report = eviction.report()
+        raise errors.ActionFailed(
+            f"{what} timed out after {params.timeout_seconds:g}s{left}; "
+            f"{len(report['remaining'])} pods remain: {_describe_remaining(report)}",
+            temporary=True,
+            output={**base, **report, "timed_out": True},
+        ) from None
+    report = eviction.report()
+    if report["errors"]:
+        listed = "; ".join(f"{k}: {why}" for k, why in report["errors"].items())
+        raise errors.ActionFailed(
+            f"{what} failed{left}: {listed}",
+            temporary=eviction.transient,
+            output={**base, **report},
+        )
+    return report
+
+
 class DrainAction(actions.Action[DrainParams]):
     name: ClassVar[str] = "node.drain"
     description: ClassVar[str] = "Cordon the node and evict its pods like kubectl drain."
@@ -302,26 +343,15 @@ class DrainAction(actions.Action[DrainParams]):
                     clusterops.MAYBE_APPLIED: bool(cordon["cordoned"]),
                 },
             )
-        eviction = _Eviction(ctx, node.name, params)
-        try:
-            async with asyncio.timeout(params.timeout_seconds):
-                await eviction.run(plan.evict)
-        except TimeoutError:
-            report = eviction.report()
-            raise errors.ActionFailed(
-                f"drain of {node.name} timed out after {params.timeout_seconds:g}s, node left "
-                f"cordoned; {len(report['remaining'])} pods remain: {_describe_remaining(report)}",
-                temporary=True,
-                output={**base, **report, "timed_out": True},
-            ) from None
-        report = eviction.report()
-        if report["errors"]:
-            listed = "; ".join(f"{k}: {why}" for k, why in report["errors"].items())
-            raise errors.ActionFailed(
-                f"drain of {node.name} failed, node left cordoned: {listed}",
-                temporary=eviction.transient,
-                output={**base, **report},
-            )
+        report = await evict(
+            ctx,
+            node=node.name,
+            pods=plan.evict,
+            params=params,
+            base=base,
+            what=f"drain of {node.name}",
+            left=", node left cordoned",
+        )
         event = await clusterops.emit_node_event(
             ctx,
             cluster,

@@ -13,7 +13,16 @@ from typing import Any, ClassVar
 
 import pydantic
 
-from remediator.actions import bugreport, clusterops, drain, gpu, pods, taints, validation
+from remediator.actions import (
+    bugreport,
+    clusterops,
+    drain,
+    gpu,
+    gpudrain,
+    pods,
+    taints,
+    validation,
+)
 from remediator.domain import errors
 from remediator.ports import actions
 from remediator.ports import cluster as port
@@ -350,6 +359,7 @@ KUBE_ACTIONS: list[actions.Action[Any]] = [
     taints.TaintAction(),
     taints.UntaintAction(),
     drain.DrainAction(),
+    gpudrain.GpuDrainAction(),
     pods.EventAction(),
     pods.AnnotateAction(),
     pods.EvictAction(),

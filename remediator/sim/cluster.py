@@ -43,6 +43,8 @@ class Cluster:
         self.exec_log: list[ExecRecord] = []
         self.mutations = mutations.Log()
         self.reboots: list[str] = []  # nodes, in the order their reboots began
+        self.device_allocations: dict[str, dict[str, dict[str, Any]]] = {}
+        """Node → pod uid → the GPUs the kubelet gave the pod (see ``kubelet``)."""
         self.store.hooks.append(self._on_change)
         seed(self, fleet)
 
@@ -67,6 +69,7 @@ class Cluster:
         self.files.clear()
         self.exec_log.clear()
         self.reboots.clear()
+        self.device_allocations.clear()
         self.mutations = mutations.Log(boot=self.mutations.boot)
         self.settings = self.fleet.settings.model_copy()
         seed(self, self.fleet)

@@ -2,7 +2,9 @@
 
 GPU driver containers (``nvidia-driver-ctr`` in pods labelled as the GPU Operator's driver
 daemonset) have ``nvidia-smi``, ``nvidia-bug-report.sh``, ``cat``, ``rm`` and ``ls`` over a
-per-pod in-memory filesystem. Everything else answers like a missing executable (exit 127).
+per-pod in-memory filesystem; being hostPID, they also read the node's kubelet device checkpoint
+under ``/proc/1/root`` (see ``kubelet``). Everything else answers like a missing executable
+(exit 127).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class Context:
     bug_report_seconds: float = 0.0  # real seconds, already scaled
     mutations: mutations.Log | None = None
     """Where effects (power limits) are logged."""
+    host_files: Callable[[str], bytes | None] | None = None
+    """The node's files a hostPID container reads under ``/proc/1/root`` (driver pods)."""
 
 
 def status_for(argv: list[str], rc: int) -> dict[str, Any]:
@@ -116,7 +120,10 @@ async def _emit_text(emit: Emit, out: str, err: str) -> None:
 async def cat(ctx: Context, args: list[str], emit: Emit) -> int:
     rc = 0
     for raw in args:
-        data = ctx.files.get(_path(raw))
+        path = _path(raw)
+        data = ctx.files.get(path)
+        if data is None and ctx.host_files is not None:
+            data = ctx.host_files(path)
         if data is None:
             await emit(STDERR, f"cat: {raw}: No such file or directory\n".encode())
             rc = 1

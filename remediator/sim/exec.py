@@ -15,7 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from remediator.sim import cluster as cluster_mod
-from remediator.sim import commands, errors, faults, spdy
+from remediator.sim import commands, errors, faults, kubelet, spdy
 
 PROTOCOLS = (
     "v5.channel.k8s.io",
@@ -66,6 +66,7 @@ def prepare(
         files=files,
         bug_report_seconds=cluster.scaled(cluster.settings.bug_report_seconds),
         mutations=cluster.mutations,
+        host_files=(lambda path: kubelet.host_file(cluster, node, path)) if host else None,
     )
     return ctx, argv
 
