@@ -9,6 +9,7 @@ import datetime as dt
 import io
 import json
 import pathlib
+import re
 from typing import Any
 
 from aiohttp import web
@@ -34,25 +35,31 @@ AUDIT = web.AppKey("audit", AuditDeps)
 # Queries widen ``since`` and ``until`` by a few minutes: keep a day from the datetime limits.
 EARLIEST = dt.datetime(1, 1, 2, tzinfo=dt.UTC)
 LATEST = dt.datetime(9999, 12, 30, tzinfo=dt.UTC)
+# ``since`` and ``until``: RFC 3339 date-times (offset required, no leap second) in the years
+# 0002 to 9998, so that no offset takes them past EARLIEST or LATEST. The OpenAPI document
+# states this pattern.
+TIME_PATTERN = (
+    r"^(000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])"
+    r"-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+    r"(\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"
+)
+_TIME = re.compile(TIME_PATTERN)
 
 
 def _time(name: str, value: str) -> dt.datetime:
-    def refuse(message: str) -> errors.ValidationFailed:
-        return errors.ValidationFailed(
-            f"{name} must be an ISO 8601 time {message}",
-            fields=[{"field": name, "message": message}],
-        )
-
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-        parsed = parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed
-        parsed = parsed.astimezone(dt.UTC)
+    message = "an RFC 3339 time in the years 0002 to 9998 (e.g. 2026-01-31T12:00:00Z)"
+    refused = errors.ValidationFailed(
+        f"{name} must be {message}", fields=[{"field": name, "message": message}]
+    )
+    if not _TIME.fullmatch(value):
+        raise refused
+    try:  # a day the month does not have
+        parsed = dt.datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
     except ValueError:
-        raise refuse("(e.g. 2026-01-31T12:00:00Z)") from None
-    except OverflowError:
-        raise refuse(f"between {EARLIEST.date()} and {LATEST.date()} in UTC") from None
+        raise refused from None
+    parsed = parsed.astimezone(dt.UTC)
     if not EARLIEST <= parsed <= LATEST:
-        raise refuse(f"between {EARLIEST.date()} and {LATEST.date()} in UTC")
+        raise refused
     return parsed
 
 

@@ -18,6 +18,7 @@ import pydantic
 from aiohttp import web
 
 from remediator import __version__
+from remediator.adapters.http import audit as http_audit
 from remediator.adapters.http import runbooks, schemas
 
 JSON = "application/json"
@@ -56,13 +57,13 @@ _QUERY_SCHEMAS: dict[str, dict[str, Any]] = {
     "cursor": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
     "run": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
     "episode": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
-    "since": {"type": "string", "format": "date-time"},
-    "until": {"type": "string", "format": "date-time"},
+    "since": {"type": "string", "format": "date-time", "pattern": http_audit.TIME_PATTERN},
+    "until": {"type": "string", "format": "date-time", "pattern": http_audit.TIME_PATTERN},
     "format": {"type": "string", "enum": ["jsonl", "csv"], "default": "jsonl"},
 }
 AUDIT_FILTERS = (
-    ("since", "string", "RFC 3339 time, inclusive"),
-    ("until", "string", "RFC 3339 time, exclusive"),
+    ("since", "string", "RFC 3339 time (years 0002-9998), inclusive"),
+    ("until", "string", "RFC 3339 time (years 0002-9998), exclusive"),
     ("node", "string", "node name"),
     ("gpu", "string", "GPU UUID or index"),
     ("alertname", "string", "alert name"),
