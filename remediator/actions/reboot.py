@@ -4,8 +4,9 @@ How the host is rebooted is a setting (``reboot.method``):
 - ``hook``: POST ``{"node", "run_id", "idempotency_key"}`` to ``reboot.hook_url`` (a BMC or
   fleet-management service that power-cycles the machine out of band); any 2xx accepts it.
   The ``Idempotency-Key`` header stays the same across attempts of the step.
-- ``disabled`` (the default): the step fails with a clear message; a cluster that wants
-  reboots says how.
+- ``manual`` (the default): remediator never reboots by itself; the step notifies on-call
+  that the node needs a reboot (the channel in ``reboot.manual_channel``) and succeeds with
+  ``rebooted: false``, so the run ends with a person asked to do it.
 
 Then it waits (``timeout_seconds``) for the reboot to be seen — the node's ``Ready`` condition
 leaves True, or its boot id changes (a fast reboot may never be seen NotReady) — and for the
@@ -40,8 +41,15 @@ class RebootConfig(pydantic.BaseModel):
     """How ``node.reboot`` reboots a host (the ``reboot`` setting)."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
-    method: Literal["disabled", "hook"] = pydantic.Field(
-        default="disabled", description="disabled, or hook (POST to hook_url)."
+    method: Literal["manual", "hook"] = pydantic.Field(
+        default="manual",
+        description="manual (notify on-call that the node needs a reboot; never reboots by "
+        "itself), or hook (POST to hook_url).",
+    )
+    manual_channel: str = pydantic.Field(
+        default="default",
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="Notification channel the manual method asks on.",
     )
     hook_url: pydantic.AnyHttpUrl | None = pydantic.Field(
         default=None, description="Where the hook method POSTs {node, run_id, idempotency_key}."
@@ -78,10 +86,8 @@ async def _node(ctx: actions.ActionContext, name: str) -> port.NodeInfo:
 
 
 async def request_reboot(ctx: actions.ActionContext, cfg: RebootConfig, node: str) -> int:
-    if cfg.method == "disabled" or cfg.hook_url is None:
-        raise errors.ActionFailed(
-            "node reboots are disabled: set reboot.method (and reboot.hook_url) to allow them"
-        )
+    if cfg.hook_url is None:
+        raise errors.ActionFailed("reboot.method hook needs reboot.hook_url")
     body = {"node": node, "run_id": ctx.run_id, "idempotency_key": ctx.idempotency_key}
     headers = {"Idempotency-Key": ctx.idempotency_key}
     if cfg.hook_token_file is not None:
@@ -112,6 +118,7 @@ async def wait_back(
     """Wait for the node to go down (or boot anew) and come back Ready with its driver pod."""
     deadline = time.monotonic() + params.timeout_seconds
     went_down = False
+    delay = min(0.25, params.poll_seconds)  # doubles up to poll_seconds
     while True:
         node = await _node(ctx, name)
         went_down = went_down or node.ready is not True or node.boot_id != boot_id
@@ -128,7 +135,8 @@ async def wait_back(
                 f"node {name} did not {stage} within {params.timeout_seconds:g} s",
                 output={"node": name, "went_down": went_down, clusterops.MAYBE_APPLIED: True},
             )
-        await asyncio.sleep(params.poll_seconds)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, params.poll_seconds)
 
 
 class RebootAction(actions.Action[RebootParams]):
@@ -143,9 +151,10 @@ class RebootAction(actions.Action[RebootParams]):
         "check": "with `rung`, in place when the run is on another rung; in place when an "
         "earlier attempt recorded the boot id before and the node has booted since and is "
         "Ready (never reboots twice).",
-        "apply": "refuses an uncordoned node; reboots through the `reboot` setting (hook "
-        "POST, or disabled); waits for NotReady or a new boot id, then Ready with the GPU "
-        "driver pod running, within `timeout_seconds`.",
+        "apply": "refuses an uncordoned node; with the `reboot` setting's hook method, POSTs "
+        "to the hook and waits for NotReady or a new boot id, then Ready with the GPU driver "
+        "pod running, within `timeout_seconds`; with the manual method (default), notifies "
+        "on-call that the node needs a reboot.",
         "undo": "none.",
     }
 
@@ -165,6 +174,8 @@ class RebootAction(actions.Action[RebootParams]):
         node = await _node(ctx, clusterops.target_node(ctx, params.node))
         if params.require_cordoned and not node.unschedulable:
             raise errors.ActionFailed(f"refused: node {node.name} is not cordoned")
+        if cfg.method == "manual":
+            return await self._ask(ctx, cfg, node)
         started = time.monotonic()
         output: dict[str, Any] = {
             "node": node.name,
@@ -183,6 +194,20 @@ class RebootAction(actions.Action[RebootParams]):
             what=f"rebooted ({cfg.method}); back Ready after {output['seconds']} s",
         )
         return output
+
+    @staticmethod
+    async def _ask(
+        ctx: actions.ActionContext, cfg: RebootConfig, node: port.NodeInfo
+    ) -> dict[str, Any]:
+        sent = await ctx.notifier.send(
+            channel=cfg.manual_channel,
+            message=f"Node {node.name} needs a reboot (GPU {ctx.gpu or '(node)'}): remediator "
+            "reboots hosts itself only with reboot.method hook. It stays cordoned; after the "
+            "reboot run the return-node-to-service runbook.",
+            data={"node": node.name, "gpu": ctx.gpu, "action_needed": "reboot-node"},
+            idempotency_key=ctx.idempotency_key,
+        )
+        return {"node": node.name, "method": "manual", "rebooted": False, "notification": sent}
 
     def describe(self, params: RebootParams) -> str:
         rung = f" (ladder rung {params.rung.value})" if params.rung else ""

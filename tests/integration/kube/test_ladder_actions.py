@@ -232,15 +232,18 @@ async def test_reboot_through_the_hook_waits_for_not_ready_then_ready_and_the_dr
     assert sim.cluster.reboots == [NODE]
 
 
-async def test_reboot_refuses_an_uncordoned_node_and_a_disabled_method(
+async def test_reboot_refuses_an_uncordoned_node_and_by_default_asks_on_call(
     sim: testing.RunningSim, make_ctx: MakeContext, tmp_path: pathlib.Path
 ) -> None:
     ctx = with_services(make_ctx(node=NODE), reboot=hook(sim, tmp_path))
     with pytest.raises(errors.ActionFailed, match="is not cordoned"):
         await run_action(reboot.RebootAction(), ctx, {})
     sim.store.mutate("nodes", "", NODE, lambda n: n["spec"].update(unschedulable=True))
-    with pytest.raises(errors.ActionFailed, match="node reboots are disabled"):
-        await run_action(reboot.RebootAction(), make_ctx(node=NODE), {})
+    manual = make_ctx(node=NODE)
+    asked = await run_action(reboot.RebootAction(), manual, {})
+    assert asked["rebooted"] is False
+    [sent] = manual.notifier.sent  # type: ignore[attr-defined]
+    assert sent["data"]["action_needed"] == "reboot-node"
     assert sim.cluster.reboots == []
 
 

@@ -41,6 +41,9 @@ def gpu_harness(
 ) -> MakeGpuHarness:
     """The app with the shipped rules/, acting on the simulator."""
 
+    token_file = tmp_path / "reboot-hook-token"
+    token_file.write_text(sim.token)
+
     async def make(**overrides: Any) -> Harness:
         kubernetes = {
             "mode": "url",
@@ -55,6 +58,12 @@ def gpu_harness(
             # The default budget (10 % of GPU nodes, rounded up) is 1 node of the 4-GPU-node
             # simulated fleet; these tests take nodes out without waiting for returns.
             "guards": {"max_percent": 50.0},
+            # node.reboot through the simulator's reboot hook (the host comes back in 0.6 s).
+            "reboot": {
+                "method": "hook",
+                "hook_url": f"{sim.url}/sim/v1/reboots",
+                "hook_token_file": token_file,
+            },
         } | overrides
         harness: Harness = await make_harness(notifier=notifier, **values)
         return harness

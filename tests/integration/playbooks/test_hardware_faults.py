@@ -71,7 +71,9 @@ async def test_xid79_takes_the_node_out_drains_after_approval_and_keeps_it_out(
     detail = await only_run(h, playbook="gpu-xid-error")
     assert detail["status"] == "waiting_approval", statuses(detail)
     assert_out_of_service(sim, node)
-    assert "research/jupyter-alice" in pod_uids(sim, node)  # nothing evicted yet
+    # Only the lost GPU's pod is gone already (gpu.drain_workloads); the rest waits.
+    assert "research/jupyter-alice" not in pod_uids(sim, node)
+    assert step(detail, "drain-gpu")["output"]["holders"] == ["research/jupyter-alice"]
     started, waiting, held = notifier.sent
     assert held["data"]["event"] == "approval"  # the engine's own notice, once
     assert "step drain (node.drain) needs approval" in held["message"]
@@ -97,11 +99,19 @@ async def test_xid79_takes_the_node_out_drains_after_approval_and_keeps_it_out(
     text = assert_bug_report_stored(report, tmp_path / "artifacts")
     assert b"Safe mode: yes" in text
     assert b"79, GPU has fallen off the bus" in text
-    assert "needs a reboot" in notifier.messages()[-1]
+    # The first rung: the reset cannot reach a GPU off the bus, so this episode reboots.
+    assert step(detail, "ladder")["output"]["rung"] == "reset"
+    assert step(detail, "reset")["output"]["escalated_to"] == "reboot"
+    assert "fallen off the bus" in step(detail, "reset")["output"]["error"]
+    assert sim.cluster.reboots == [node]
+    assert sim.gpu(node, 3).lost is False  # back after the reboot
+    assert step(detail, "replace")["output"]["skipped"] is True
+    assert "escalation ladder" in notifier.messages()[-1]
     reasons = node_events(sim, node)
     for reason in ("RemediatorCordon", "RemediatorLabel", "RemediatorTaint", "RemediatorDrain"):
         assert reason in reasons
     assert "RemediatorBugReport" in reasons
+    assert "RemediatorReboot" in reasons
 
     # The Xid gauge drops back and the alert resolves: the node stays out of service.
     await post(h, fixture("GPUXidError79-resolved-1alerts"))
@@ -148,8 +158,17 @@ async def test_a_bug_report_that_fails_does_not_stop_the_run(
     assert statuses(detail)["bug-report"] == "failed", step(detail, "bug-report")
     assert step(detail, "bug-report")["attempt"] > 3
     assert "nvidia-bug-report.sh" in step(detail, "bug-report")["error"]
+    # The exec stream is back: the ladder's reset (the GPU still answers) goes ahead.
+    await set_faults(sim, {"rules": []})
+    for _ in range(12):
+        if statuses(await h.run_detail(detail["id"]))["notify"] == "succeeded":
+            break
+        clock.advance(30)
+        await h.settle()
+    detail = await h.run_detail(detail["id"])
+    assert statuses(detail)["reset"] == "succeeded", step(detail, "reset")
     assert statuses(detail)["notify"] == "succeeded"
-    assert "needs a reboot" in notifier.messages()[-1]
+    assert "escalation ladder" in notifier.messages()[-1]
 
 
 async def test_uncorrectable_ecc_takes_the_node_out_and_collects_a_full_bug_report(
