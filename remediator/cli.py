@@ -240,13 +240,24 @@ def _audit_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit_keys(settings: Any) -> Any:
+    from remediator.adapters import auditfiles
+    from remediator.domain import audit
+
+    if settings.audit_key_file is None:
+        return None
+    try:
+        return auditfiles.load_keys(settings.audit_key_file, settings.audit_key_id)
+    except audit.AuditKeyError as e:
+        raise SystemExit(f"audit_key_file: {e}") from None
+
+
 def _audit_verify(args: argparse.Namespace) -> int:
-    import remediator.app as app_mod
     from remediator.app import client
 
     settings = _settings(args, ("database_url", "audit_key_file", "audit_key_id"))
     anchors = args.anchors or settings.audit_anchor_file
-    keys = app_mod.audit_keys(settings)
+    keys = _audit_keys(settings)
     if args.file:
         result = client.verify_export(pathlib.Path(args.file), keys)
         report = {

@@ -62,6 +62,7 @@ class Gate:
             return True
         config = guard_config(self.base, self.index.get(run.playbook))
         pool, gpu_nodes = self.scope(config, run.node)
+        tx.lock_guards()  # the snapshot below is counted and added to as one decision
         snapshot = tx.guard_snapshot(
             node=run.node,
             since=tx.now - config.breaker_window,

@@ -57,6 +57,12 @@ _TRANSITION_RUN = (
     )
     .returning(*R.c)
 )
+_ENSURE_GUARD_LOCK = (
+    postgresql.insert(G)
+    .values(key="lock:guards", value={}, updated_at=sa.bindparam("updated_at"))
+    .on_conflict_do_nothing(index_elements=[G.c.key])
+)
+_LOCK_GUARDS = sa.select(G.c.key).where(G.c.key == "lock:guards").with_for_update()
 _MARK_HANDLED = sa.update(E).where(E.c.id == sa.bindparam("w_id"))
 _COUNT_NODE_RUNS = (
     sa.select(sa.func.count())
@@ -280,16 +286,23 @@ class SqlStore:
 
         def in_transaction(conn: sa.Connection) -> T:
             tx = SqlTx(conn, db=self.db, now=now, keys=self.keys)
-            if self.db.is_postgres:
-                # Take the audit chain head first: every engine transaction appends events, and
-                # taking this one lock before any row lock keeps the chain linear and rules out
-                # lock-order deadlocks between replicas.
-                tx._head()
             result = work(tx)
             tx.flush()
             return result
 
         return await self.db.write_sync(operation, in_transaction)
+
+    async def read(self, operation: str, work: Callable[[SqlTx], T]) -> T:
+        """Run ``work(tx)`` in a read transaction that locks nothing (not SQLite's writer, no
+        Postgres row): a read of guard state (a plan, the breaker's status) held the breaker
+        row until it ended and queued behind every guard decision and every other reader."""
+        now = self.clock()
+
+        def in_transaction(conn: sa.Connection) -> T:
+            return work(SqlTx(conn, db=self.db, now=now, keys=self.keys, locking=False))
+
+        async with self.db.read(operation) as conn:
+            return await conn.run_sync(in_transaction)
 
     async def probe(self) -> records.Probe:
         async with self.db.read("probe") as conn:
@@ -305,13 +318,19 @@ class SqlTx:
         db: database.Database,
         now: dt.datetime,
         keys: audit.AuditKeys | None = None,
+        locking: bool = True,
     ) -> None:
         self.conn = conn
         self.db = db
         self.now = now
         self.keys = keys
+        self.locking = locking  # False: a read that must not hold guard rows (``read``)
         self._chain_head: tuple[int | None, str] | None = None
-        self._head_moved = False
+        # Events wait here until ``flush``: the chain head is locked (Postgres ``FOR UPDATE``)
+        # only for the few statements that link and insert them at the end of the
+        # transaction, so replicas run their engine work side by side and meet only there.
+        # Nothing is locked after the head, so waiting for it cannot close a deadlock cycle.
+        self._pending: list[dict[str, Any]] = []
         # Digests of the rows this transaction wrote since its last event: the next event
         # seals them (``flush`` appends one if none follows).
         self._unsealed: dict[str, dict[str, str]] = {}
@@ -340,33 +359,26 @@ class SqlTx:
         from_status: str | None = None,
         to_status: str | None = None,
         data: dict[str, Any] | None = None,
-    ) -> int:
-        """Append one audit event, linked into the hash chain in this transaction; it seals the
-        rows written since the previous event."""
-        last_id, last_hash = self._head()
-        content: dict[str, Any] = {
-            "key_id": self.keys.current if self.keys else None,
-            "rows": self._unsealed or None,
-            "at": self.now,
-            "kind": kind,
-            "actor": actor,
-            "run_id": run_id,
-            "step_id": step_id,
-            "episode_id": episode_id,
-            "from_status": from_status,
-            "to_status": to_status,
-            "reason": reason,
-            "data": data or {},
-        }
-        event_id = (last_id or 0) + 1
-        digest = audit.chain_hash(last_hash, {**content, "id": event_id}, self.keys)
-        self.conn.execute(
-            _INSERT_EVENT, {"id": event_id, "prev_hash": last_hash, "hash": digest, **content}
+    ) -> None:
+        """Append one audit event to the hash chain (linked when the transaction flushes); it
+        seals the rows written since the previous event."""
+        self._pending.append(
+            {
+                "key_id": self.keys.current if self.keys else None,
+                "rows": self._unsealed or None,
+                "at": self.now,
+                "kind": kind,
+                "actor": actor,
+                "run_id": run_id,
+                "step_id": step_id,
+                "episode_id": episode_id,
+                "from_status": from_status,
+                "to_status": to_status,
+                "reason": reason,
+                "data": data or {},
+            }
         )
-        self._chain_head = (event_id, digest)
-        self._head_moved = True
         self._unsealed = {}
-        return event_id
 
     def _seal(self, table: str, row: Any) -> None:
         """Note a row this transaction wrote (its full, just-written values)."""
@@ -375,7 +387,7 @@ class SqlTx:
 
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[None]:
-        head, moved = self._chain_head, self._head_moved
+        pending = len(self._pending)
         unsealed = {table: dict(rows) for table, rows in self._unsealed.items()}
         nested = self.conn.begin_nested()
         try:
@@ -383,7 +395,8 @@ class SqlTx:
         except BaseException:
             nested.rollback()
             # its events and row writes are gone too
-            self._chain_head, self._head_moved, self._unsealed = head, moved, unsealed
+            del self._pending[pending:]
+            self._unsealed = unsealed
             raise
         nested.commit()
 
@@ -391,14 +404,23 @@ class SqlTx:
         return self.db.writers_waiting()
 
     def flush(self) -> None:
-        """Seal rows no event sealed, and write the chain head once per transaction
-        (``SqlStore.run`` calls this last)."""
+        """Seal rows no event sealed, then link the transaction's events into the chain, insert
+        them and move the head (``SqlStore.run`` calls this last)."""
         if self._unsealed:
             self.add_event("audit.sealed", actor=transitions.ENGINE, reason="rows written")
-        if self._head_moved and self._chain_head is not None:
-            last_id, last_hash = self._chain_head
-            self.conn.execute(_UPDATE_HEAD, {"last_id": last_id, "last_hash": last_hash})
-            self._head_moved = False
+        if not self._pending:
+            return
+        last_id, last_hash = self._head()
+        rows = []
+        for content in self._pending:
+            last_id = (last_id or 0) + 1
+            digest = audit.chain_hash(last_hash, {**content, "id": last_id}, self.keys)
+            rows.append({"id": last_id, "prev_hash": last_hash, "hash": digest, **content})
+            last_hash = digest
+        self.conn.execute(_INSERT_EVENT, rows)
+        self.conn.execute(_UPDATE_HEAD, {"last_id": last_id, "last_hash": last_hash})
+        self._chain_head = (last_id, last_hash)
+        self._pending = []
 
     def _head(self) -> tuple[int | None, str]:
         if self._chain_head is None:
@@ -669,8 +691,22 @@ class SqlTx:
         )
 
     def get_guard_state(self, key: str) -> dict[str, Any]:
-        row = self.conn.execute(sa.select(G.c.value).where(G.c.key == key)).one_or_none()
+        """A guard state; on Postgres its row stays locked until the transaction ends, so a
+        read-modify-write of it by two replicas happens one after the other."""
+        query = sa.select(G.c.value).where(G.c.key == key)
+        if self.db.is_postgres and self.locking:
+            query = query.with_for_update()
+        row = self.conn.execute(query).one_or_none()
         return dict(row.value) if row else {}
+
+    def lock_guards(self) -> None:
+        """Serialize fleet guard decisions (budget, breaker, per-node limits) across replicas
+        until the transaction ends: they count rows and then add one, which two replicas
+        must not do at once. SQLite has one writer at a time already."""
+        if not self.db.is_postgres:
+            return
+        self.conn.execute(_ENSURE_GUARD_LOCK, {"updated_at": self.now})
+        self.conn.execute(_LOCK_GUARDS).one()
 
     def set_guard_state(self, key: str, value: dict[str, Any]) -> None:
         statement = self._insert(G).values(key=key, value=value, updated_at=self.now)

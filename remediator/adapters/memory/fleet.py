@@ -63,6 +63,9 @@ class FleetTx(transaction.Transaction):
             node_last_disrupted=last,
         )
 
+    def lock_guards(self) -> None:
+        return None  # one transaction at a time
+
     def get_guard_state(self, key: str) -> dict[str, Any]:
         row = self.tables.guard_state.get(key)
         return dict(tables.copy_json(row.value)) if row else {}

@@ -92,7 +92,7 @@ class Transaction:
         from_status: str | None = None,
         to_status: str | None = None,
         data: dict[str, Any] | None = None,
-    ) -> int:
+    ) -> None:
         """Append one audit event, linked into the hash chain in this transaction."""
         events = self._own("events", self.tables.events)
         last_id, last_hash = (events[-1].id, events[-1].hash) if events else (0, audit.GENESIS)
@@ -111,4 +111,3 @@ class Transaction:
         }
         digest = audit.chain_hash(last_hash, content)
         events.append(records.AuditEvent(prev_hash=last_hash, hash=digest, **content))
-        return last_id + 1
