@@ -198,13 +198,13 @@ class Components:
             episode = tx.get_episode(run.episode_id) if run.episode_id else None
             return run, tx.steps_of_run(run_id), episode.labels if episode else {}
 
-        found = await self.store.run("plan.load", load)
+        found = await self.store.read("plan.load", load)
         if found is None:
             return None
         return await self.previewer().plan_run(*found)
 
     async def breaker_status(self) -> dict[str, Any]:
-        status = await self.store.run("breaker", guarding.breaker_status)
+        status = await self.store.read("breaker", guarding.breaker_status)
 
         def budget(tx: store_port.Tx) -> list[str]:
             snapshot = tx.guard_snapshot(
@@ -212,7 +212,7 @@ class Components:
             )
             return sorted(snapshot.disrupted_nodes)
 
-        return {**status, "disrupted_nodes": await self.store.run("budget", budget)}
+        return {**status, "disrupted_nodes": await self.store.read("budget", budget)}
 
     async def reset_breaker(self, *, principal: str, comment: str) -> dict[str, Any]:
         state = await self.store.run(

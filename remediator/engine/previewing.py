@@ -263,7 +263,7 @@ class Previewer:
         def snapshots(tx: store.Tx) -> dict[Any, guard_rules.Verdict]:
             return {key: snapshot(tx, config, node, key) for key, (config, node) in wanted.items()}
 
-        return await self.store.run("plan", snapshots)
+        return await self.store.read("plan", snapshots)
 
 
 def _alert_plan(alert: alerts.Alert, plans: list[dict[str, Any]]) -> dict[str, Any]:
