@@ -226,4 +226,4 @@ def test_remediator_lint_rules_passes() -> None:
         env={**os.environ, "PYTHONWARNINGS": "error"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "10 playbook(s) OK" in result.stdout
+    assert "11 playbook(s) OK" in result.stdout
