@@ -261,9 +261,9 @@ class Generator:
         return body
 
     def crowd(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The payload with tens or hundreds of alerts like its first (on as many nodes)."""
+        """The payload with a few to hundreds of alerts like its first (on as many nodes)."""
         alert = body["alerts"][0]
-        count = self.rng.choice([10, 50, 51, 400])
+        count = self.rng.choice([5, 20, 21, 400])
         crowd = [
             alert | {"fingerprint": f"{n:016x}", "labels": alert["labels"] | {"node": f"n-{n}"}}
             for n in range(count)

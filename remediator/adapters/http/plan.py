@@ -26,7 +26,7 @@ PLAN = web.AppKey("plan", PlanDeps)
 # Each alert is planned with its guards' verdict read from the database and every step
 # previewed: a few milliseconds each, so a body within max_body_bytes (thousands of alerts)
 # kept a reader's request busy for tens of seconds. Alertmanager groups hold a handful.
-MAX_ALERTS = 50
+MAX_ALERTS = 20
 
 
 async def post_plan(request: web.Request) -> web.Response:
