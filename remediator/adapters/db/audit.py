@@ -356,6 +356,8 @@ class AuditQueries:
             if not rows:
                 return
             yield rows
+            if len(rows) < self.batch:  # the last batch: no read that finds nothing
+                return
             after = rows[-1]["id"]
 
     async def _check_deliveries(self, keys: audit.AuditKeys) -> tuple[tuple[str, None] | None, int]:
