@@ -4,6 +4,9 @@ How the host is rebooted is a setting (``reboot.method``):
 - ``hook``: POST ``{"node", "run_id", "idempotency_key"}`` to ``reboot.hook_url`` (a BMC or
   fleet-management service that power-cycles the machine out of band); any 2xx accepts it.
   The ``Idempotency-Key`` header stays the same across attempts of the step.
+- ``pod``: create a short-lived privileged pod (host PID, ``reboot.pod_image``) on the node, in
+  the GPU driver's namespace (it already admits privileged pods), that enters the host's
+  namespaces and runs ``systemctl reboot``; it is deleted once the node is back.
 - ``manual`` (the default): remediator never reboots by itself; the step notifies on-call
   that the node needs a reboot (the channel in ``reboot.manual_channel``) and succeeds with
   ``rebooted: false``, so the run ends with a person asked to do it.
@@ -41,10 +44,15 @@ class RebootConfig(pydantic.BaseModel):
     """How ``node.reboot`` reboots a host (the ``reboot`` setting)."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
-    method: Literal["manual", "hook"] = pydantic.Field(
+    method: Literal["manual", "hook", "pod"] = pydantic.Field(
         default="manual",
         description="manual (notify on-call that the node needs a reboot; never reboots by "
-        "itself), or hook (POST to hook_url).",
+        "itself), hook (POST to hook_url) or pod (a privileged pod on the node reboots it).",
+    )
+    pod_image: str = pydantic.Field(
+        default="docker.io/library/ubuntu:24.04",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$",
+        description="Image of the reboot pod (needs nsenter; runs in the GPU driver namespace).",
     )
     manual_channel: str = pydantic.Field(
         default="default",
@@ -112,6 +120,48 @@ async def request_reboot(ctx: actions.ActionContext, cfg: RebootConfig, node: st
     return response.status_code
 
 
+#: Run in the reboot pod (host PID, privileged): enter the host's namespaces, ask systemd.
+REBOOT_COMMAND = ["nsenter", "--target", "1", "--mount", "--uts", "--ipc", "--net", "--pid"]
+REBOOT_ARGS = ["--", "systemctl", "reboot"]
+
+
+def reboot_pod(
+    ctx: actions.ActionContext, cfg: RebootConfig, node: str, namespace: str
+) -> dict[str, Any]:
+    """The reboot pod: pinned to the node (no scheduler), tolerating every taint (the node is
+    cordoned and tainted), no service account token, never restarted."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"remediator-reboot-{ctx.run_id}-{ctx.step_id}",
+            "namespace": namespace,
+            "labels": {
+                "app.kubernetes.io/name": "remediator-reboot",
+                "app.kubernetes.io/managed-by": "remediator",
+            },
+            "annotations": {"remediator.io/run": str(ctx.run_id), "remediator.io/node": node},
+        },
+        "spec": {
+            "nodeName": node,
+            "hostPID": True,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "reboot",
+                    "image": cfg.pod_image,
+                    "command": REBOOT_COMMAND,
+                    "args": REBOOT_ARGS,
+                    "securityContext": {"privileged": True},
+                }
+            ],
+        },
+    }
+
+
 async def wait_back(
     ctx: actions.ActionContext, params: RebootParams, name: str, boot_id: str
 ) -> dict[str, Any]:
@@ -151,10 +201,11 @@ class RebootAction(actions.Action[RebootParams]):
         "check": "with `rung`, in place when the run is on another rung; in place when an "
         "earlier attempt recorded the boot id before and the node has booted since and is "
         "Ready (never reboots twice).",
-        "apply": "refuses an uncordoned node; with the `reboot` setting's hook method, POSTs "
-        "to the hook and waits for NotReady or a new boot id, then Ready with the GPU driver "
-        "pod running, within `timeout_seconds`; with the manual method (default), notifies "
-        "on-call that the node needs a reboot.",
+        "apply": "refuses an uncordoned node; with the `reboot` setting's hook method POSTs to "
+        "the hook, with the pod method creates a privileged pod on the node that runs "
+        "`systemctl reboot` on the host (deleted afterwards); then waits for NotReady or a new "
+        "boot id, then Ready with the GPU driver pod running, within `timeout_seconds`. With "
+        "the manual method (default) it notifies on-call that the node needs a reboot.",
         "undo": "none.",
     }
 
@@ -176,6 +227,8 @@ class RebootAction(actions.Action[RebootParams]):
             raise errors.ActionFailed(f"refused: node {node.name} is not cordoned")
         if cfg.method == "manual":
             return await self._ask(ctx, cfg, node)
+        if cfg.method == "pod":
+            return await self._by_pod(ctx, cfg, params, node)
         started = time.monotonic()
         output: dict[str, Any] = {
             "node": node.name,
@@ -192,6 +245,39 @@ class RebootAction(actions.Action[RebootParams]):
             node,
             reason="RemediatorReboot",
             what=f"rebooted ({cfg.method}); back Ready after {output['seconds']} s",
+        )
+        return output
+
+    async def _by_pod(
+        self,
+        ctx: actions.ActionContext,
+        cfg: RebootConfig,
+        params: RebootParams,
+        node: port.NodeInfo,
+    ) -> dict[str, Any]:
+        cluster = ctx.require_cluster()
+        manifest = reboot_pod(ctx, cfg, node.name, cluster.driver_namespace)
+        name = manifest["metadata"]["name"]
+        started = time.monotonic()
+        output: dict[str, Any] = {
+            "node": node.name,
+            "method": "pod",
+            "pod": f"{cluster.driver_namespace}/{name}",
+            "boot_id_before": node.boot_id,
+        }
+        with clusterops.changing(output):
+            with clusterops.cluster_errors(f"creating the reboot pod for {node.name}"):
+                await cluster.create_pod(cluster.driver_namespace, manifest)
+            output |= await wait_back(ctx, params, node.name, node.boot_id)
+        with clusterops.cluster_errors(f"deleting the reboot pod {name}"):
+            await cluster.delete_pod(cluster.driver_namespace, name)
+        output["seconds"] = round(time.monotonic() - started, 1)
+        output["event"] = await clusterops.emit_node_event(
+            ctx,
+            cluster,
+            node,
+            reason="RemediatorReboot",
+            what=f"rebooted (pod); back Ready after {output['seconds']} s",
         )
         return output
 

@@ -145,8 +145,8 @@ class Settings(pydantic_settings.BaseSettings):
     )
     reboot: reboot_action.RebootConfig = pydantic.Field(
         default_factory=reboot_action.RebootConfig,
-        description="How node.reboot reboots a host: manual (default: on-call is asked) or a "
-        "hook URL that power-cycles the machine out of band.",
+        description="How node.reboot reboots a host: manual (default: on-call is asked), a "
+        "hook URL that power-cycles the machine out of band, or a privileged pod on the node.",
     )
     log_level: str = pydantic.Field(
         default="INFO",

@@ -285,6 +285,15 @@ class Cluster(Protocol):
 
     async def list_pdbs(self, namespace: str | None = None) -> list[PdbInfo]: ...
 
+    async def create_pod(self, namespace: str, manifest: Mapping[str, Any]) -> PodInfo:
+        """Create a pod; one that already exists under that name (a retried create that had
+        landed) is read and returned instead."""
+        ...
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod; one already gone is fine."""
+        ...
+
     async def create_event(
         self, *, target: ObjectRef, reason: str, message: str, type: str = "Normal"
     ) -> str:

@@ -173,7 +173,17 @@ async def _exercise_cluster(cluster: kubernetes.KubeCluster, store: Any) -> dict
             timeout=10,
         ),
         "evict_pod": lambda: cluster.evict_pod(ns, pod),
+        "create_pod": lambda: cluster.create_pod(DRIVER_NAMESPACE, PROBE_POD),
+        "delete_pod": lambda: cluster.delete_pod(DRIVER_NAMESPACE, "rbac-probe"),
     }
+
+
+PROBE_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "rbac-probe"},
+    "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+}
 
 
 async def _replace_taints(cluster: kubernetes.KubeCluster, node: str) -> Any:

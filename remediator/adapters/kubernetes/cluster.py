@@ -220,6 +220,28 @@ class KubeCluster:
         )
         return convert.pod(self._plain(obj))
 
+    async def create_pod(self, namespace: str, manifest: Mapping[str, Any]) -> port.PodInfo:
+        name = str(manifest["metadata"]["name"])
+        try:
+            obj = await self._retrier.call(
+                f"create pod {namespace}/{name}",
+                lambda: self._core.create_namespaced_pod(
+                    namespace, dict(manifest), _request_timeout=self._timeout
+                ),
+            )
+        except port.Conflict:  # already there: a retried create that had landed
+            return await self.get_pod(namespace, name)
+        return convert.pod(self._plain(obj))
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        with contextlib.suppress(port.NotFound):
+            await self._retrier.call(
+                f"delete pod {namespace}/{name}",
+                lambda: self._core.delete_namespaced_pod(
+                    name, namespace, _request_timeout=self._timeout
+                ),
+            )
+
     async def list_pdbs(self, namespace: str | None = None) -> list[port.PdbInfo]:
         if namespace:
             items = await self._list(

@@ -45,6 +45,8 @@ CLUSTER_CALLS: dict[str, tuple[Call, ...]] = {
     "annotate_pod": (_c("pods", "patch"),),
     "list_pdbs": (_c("poddisruptionbudgets", "list", group="policy"),),
     "find_driver_pod": (_c("pods", "list", "driver"),),
+    "create_pod": (_c("pods", "create", "driver"),),  # node.reboot's pod
+    "delete_pod": (_c("pods", "delete", "driver"),),
     "create_event": (_c("events", "create"),),
     "exec": (
         _c("pods/exec", "get", "driver"),

@@ -232,6 +232,26 @@ async def test_reboot_through_the_hook_waits_for_not_ready_then_ready_and_the_dr
     assert sim.cluster.reboots == [NODE]
 
 
+async def test_reboot_by_pod_runs_a_privileged_pod_on_the_node_and_deletes_it_after(
+    sim: testing.RunningSim, make_ctx: MakeContext
+) -> None:
+    sim.cluster.settings.reboot_seconds = 30
+    sim.store.mutate("nodes", "", NODE, lambda n: n["spec"].update(unschedulable=True))
+    ctx = with_services(make_ctx(node=NODE), reboot=reboot.RebootConfig(method="pod"))
+    output = await run_action(reboot.RebootAction(), ctx, {"poll_seconds": 0.05})
+    assert sim.cluster.reboots == [NODE]
+    namespace, name = output["pod"].split("/")
+    assert namespace == "gpu-operator"
+    assert output["boot_id"] != output["boot_id_before"]
+    await sim.wait_for(lambda: sim.pod(namespace, name) is None)  # cleaned up
+    manifest = reboot.reboot_pod(ctx, reboot.RebootConfig(method="pod"), NODE, namespace)
+    container = manifest["spec"]["containers"][0]
+    assert manifest["spec"]["hostPID"] is True
+    assert manifest["spec"]["nodeName"] == NODE
+    assert container["securityContext"] == {"privileged": True}
+    assert [*container["command"], *container["args"]][-2:] == ["systemctl", "reboot"]
+
+
 async def test_reboot_refuses_an_uncordoned_node_and_by_default_asks_on_call(
     sim: testing.RunningSim, make_ctx: MakeContext, tmp_path: pathlib.Path
 ) -> None:
