@@ -15,6 +15,12 @@ and in the audit trail) instead of failing. Non-disruptive steps are never held.
   count towards tripping it again.
 - **Node cooldown**: a node disrupted recently waits until ``node_cooldown`` has passed.
 - **Change windows**: disruptive steps start only inside a configured window.
+- **Driver upgrades**: a node the GPU Operator's upgrade controller is upgrading (its
+  ``nvidia.com/gpu-driver-upgrade-state`` label in one of ``UPGRADING_STATES``), or that
+  remediator's own driver rollout is upgrading (``UPGRADE_MARK`` = ``in-progress``), holds
+  disruptive steps of other runs until the label says it is done: two controllers cordoning,
+  draining and restarting one node's driver fight each other (and a drain racing the driver's
+  module unload crashes every GPU process on it).
 - The per-node daily limit (``max_per_node_per_day``) does not hold steps: runs beyond it need
   approval for their disruptive steps (decided when the run is created).
 
@@ -28,6 +34,7 @@ import datetime as dt
 import enum
 import math
 import zoneinfo
+from collections.abc import Mapping
 
 import pydantic
 
@@ -149,10 +156,45 @@ class Snapshot:
     recent_runs: int  # disruptive runs started within the breaker window, after the last reset
     breaker_open: bool
     node_last_disrupted: dt.datetime | None
+    node_labels: Mapping[str, str] | None = None  # the node's labels; None: unknown
 
 
 #: What can hold a disruptive step (a verdict's ``kind``; the label of the held-steps metric).
-HOLD_KINDS = ("change_window", "breaker", "node_cooldown", "budget")
+HOLD_KINDS = ("change_window", "breaker", "driver_upgrade", "node_cooldown", "budget")
+
+#: The GPU Operator's upgrade controller keeps each node's upgrade state in this label
+#: (k8s-operator-libs ``upgrade`` package; "" or absent and ``upgrade-done``: not upgrading).
+DRIVER_UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
+#: States in which the operator is working on the node. ``upgrade-failed`` is not among them:
+#: the operator has stopped there and the node is a person's (or remediator's) to look at.
+UPGRADING_STATES = frozenset(
+    {
+        "upgrade-required",
+        "cordon-required",
+        "wait-for-jobs-required",
+        "pod-deletion-required",
+        "drain-required",
+        "node-maintenance-required",
+        "post-maintenance-required",
+        "pod-restart-required",
+        "validation-required",
+        "uncordon-required",
+    }
+)
+#: remediator's own driver rollout marks the node it is upgrading with this label.
+UPGRADE_MARK = "remediator.io/driver-upgrade"
+UPGRADE_IN_PROGRESS = "in-progress"
+UPGRADE_FAILED = "failed"
+
+
+def driver_upgrade(labels: Mapping[str, str]) -> str | None:
+    """Who is upgrading the node's GPU driver, described for a hold reason; None: nobody."""
+    state = labels.get(DRIVER_UPGRADE_STATE, "")
+    if state in UPGRADING_STATES:
+        return f"the GPU Operator is upgrading its driver ({DRIVER_UPGRADE_STATE}={state})"
+    if labels.get(UPGRADE_MARK) == UPGRADE_IN_PROGRESS:
+        return f"remediator's driver rollout is upgrading it ({UPGRADE_MARK}={UPGRADE_IN_PROGRESS})"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +236,9 @@ def decide(
             trips_breaker=True,
             kind="breaker",
         )
+    upgrading = driver_upgrade(snapshot.node_labels or {}) if node is not None else None
+    if upgrading is not None:
+        return Verdict(False, f"node {node}: {upgrading}", later, kind="driver_upgrade")
     if node is not None and node in snapshot.disrupted_nodes:
         return Verdict(True, "node already disrupted by remediator")
     if config.node_cooldown and snapshot.node_last_disrupted is not None:

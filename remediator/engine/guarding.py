@@ -5,15 +5,23 @@ recorded as disrupted in the same transaction, so two replicas cannot both take 
 of budget (on Postgres every engine transaction is serialised by the audit chain head lock). A
 held step stays pending with a later due time and its reason in its output; a new reason is
 reported once, so on-call hears which guard holds it.
+
+The node labels the driver-upgrade guard reads come from the GPU node list the worker keeps
+(listed again at most every ``FLEET_REFRESH``), so a hold starts or ends within that time of
+the label changing; a held step is rechecked every ``recheck``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 
 from remediator.domain import guards, playbooks, records, runs
 from remediator.engine import lifecycle
 from remediator.ports import store
+
+#: How long the worker's list of GPU nodes and their labels is used before it is listed again.
+FLEET_REFRESH = dt.timedelta(seconds=15)
 
 
 def guard_config(
@@ -51,6 +59,12 @@ class Gate:
         members = [n for n, labels in self.fleet.items() if labels.get(config.pool_label) == pool]
         return pool, len(members)
 
+    def labels(self, node: str | None) -> dict[str, str] | None:
+        """The node's labels as last listed (a driver upgrade in progress holds it)."""
+        if self.fleet is None or node is None:
+            return None
+        return self.fleet.get(node)
+
     def admit(
         self, tx: store.Tx, step: records.Step, *, report: lifecycle.Report | None = None
     ) -> bool:
@@ -70,6 +84,7 @@ class Gate:
             gpu_nodes=gpu_nodes,
             pool=pool,
         )
+        snapshot = dataclasses.replace(snapshot, node_labels=self.labels(run.node))
         verdict = guards.decide(config, snapshot, node=run.node, now=tx.now)
         if verdict.trips_breaker and not snapshot.breaker_open:
             open_breaker(tx, verdict.reason)

@@ -257,7 +257,10 @@ class Previewer:
                 pool=pool,
             )
             # One more run of this playbook is what the plan is about.
-            state = dataclasses.replace(state, recent_runs=state.recent_runs + 1)
+            labels = fleet.get(node) if fleet is not None and node is not None else None
+            state = dataclasses.replace(
+                state, recent_runs=state.recent_runs + 1, node_labels=labels
+            )
             return guard_rules.decide(config, state, node=node, now=tx.now)
 
         def snapshots(tx: store.Tx) -> dict[Any, guard_rules.Verdict]:

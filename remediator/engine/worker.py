@@ -376,13 +376,14 @@ class Engine:
         return frozenset(a.name for a in self.services.registry.all() if a.disruptive)
 
     async def _fleet(self) -> dict[str, dict[str, str]] | None:
-        """The GPU nodes and their labels (for percentage and per-pool budgets), refreshed
-        once a minute; ``None`` without a cluster or while it cannot be listed."""
+        """The GPU nodes and their labels (for percentage and per-pool budgets and the
+        driver-upgrade hold), refreshed every ``guarding.FLEET_REFRESH``; ``None``
+        without a cluster or while it cannot be listed."""
         cluster = self.services.cluster
         if cluster is None:
             return None
         now = self.services.clock()
-        if self._gpu_nodes is None or now - self._gpu_nodes[0] > dt.timedelta(minutes=1):
+        if self._gpu_nodes is None or now - self._gpu_nodes[0] > guarding.FLEET_REFRESH:
             try:
                 nodes = await cluster.list_nodes(getattr(cluster, "gpu_node_selector", ""))
             except errors.RemediatorError as e:

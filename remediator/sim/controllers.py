@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 from remediator.sim import cluster as cluster_mod
-from remediator.sim import objects, reboots
+from remediator.sim import objects, reboots, upgrades
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ class Controllers:
         self.reconcile_workloads()
         self.schedule()
         self.start_pods(now)
+        upgrades.reconcile(self.cluster)
 
     # ---- termination -------------------------------------------------------------------
 

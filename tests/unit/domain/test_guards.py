@@ -102,3 +102,34 @@ def test_a_playbook_override_changes_only_what_it_sets():
     base = guards.GuardConfig(max_nodes=3, max_percent=20)
     merged = guards.GuardOverride(max_nodes=1).apply(base)
     assert (merged.max_nodes, merged.max_percent) == (1, 20)
+
+
+@pytest.mark.parametrize(
+    ("labels", "holder"),
+    [
+        ({guards.DRIVER_UPGRADE_STATE: "drain-required"}, "the GPU Operator"),
+        ({guards.DRIVER_UPGRADE_STATE: "pod-restart-required"}, "the GPU Operator"),
+        ({guards.UPGRADE_MARK: "in-progress"}, "remediator's driver rollout"),
+    ],
+)
+def test_a_node_whose_driver_is_being_upgraded_holds_disruptive_steps(labels, holder):
+    verdict = guards.decide(guards.GuardConfig(), snap(node_labels=labels), node="n1", now=NOW)
+    assert not verdict.go
+    assert verdict.kind == "driver_upgrade"
+    assert verdict.reason.startswith(f"node n1: {holder} is upgrading")
+    assert verdict.until == NOW + guards.GuardConfig().recheck
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        {},
+        {guards.DRIVER_UPGRADE_STATE: "upgrade-done"},
+        {guards.DRIVER_UPGRADE_STATE: ""},
+        {guards.DRIVER_UPGRADE_STATE: "upgrade-failed"},
+        {guards.UPGRADE_MARK: "failed"},
+    ],
+)
+def test_a_node_not_being_upgraded_is_not_held_for_it(labels):
+    verdict = guards.decide(guards.GuardConfig(), snap(node_labels=labels), node="n1", now=NOW)
+    assert verdict.go
