@@ -191,12 +191,19 @@ async def test_uncorrectable_ecc_takes_the_node_out_and_collects_a_full_bug_repo
     report = step(detail, "bug-report")["output"]
     assert report["safe_mode"] is False
     assert b"Safe mode: no" in assert_bug_report_stored(report, tmp_path / "artifacts")
+    # The ladder's first rung: the GPU is reset and its volatile counters clear.
+    assert step(detail, "ladder")["output"]["rung"] == "reset"
+    assert step(detail, "row-remap")["output"]["verdict"] == "ok"
+    assert step(detail, "reset")["output"]["reset"] is True
+    assert sim.gpu(node, 5).ecc_uncorrected_volatile == 0
+    assert step(detail, "reboot")["output"]["skipped"] is True
 
     await post(h, fixture("GPUECCUncorrectableError-resolved-1alerts"))
     assert await h.runs(kind="undo") == []
     assert_out_of_service(sim, node)
 
-    # Counters still non-zero: the runbook refuses and changes nothing.
+    # The errors come back before anyone returns the node: the runbook refuses, changes nothing.
+    sim.gpu(node, 5).ecc_uncorrected_volatile = 2
     run_id = await trigger(h, "return-node-to-service", {"node": node}, node)
     refused = await h.run_detail(run_id)
     assert refused["status"] == "failed"
