@@ -215,7 +215,7 @@ def seed_workload(cluster: Cluster, workload: fleet_mod.Workload) -> None:
                         "controller": True,
                     }
                 ]
-        _create_running(cluster, pod)
+        _allocate(cluster, _create_running(cluster, pod), workload, 0)
         return
     controller = _controller(workload, template)
     store_key = controller["kind"].lower() + "s.apps"
@@ -248,7 +248,7 @@ def seed_workload(cluster: Cluster, workload: fleet_mod.Workload) -> None:
                 *DAEMONSET_TOLERATIONS,
             ]
         if node_name:
-            _create_running(cluster, pod)
+            _allocate(cluster, _create_running(cluster, pod), workload, i)
         else:
             st.create("pods", pod)  # the scheduler places it
 
@@ -267,9 +267,25 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def _create_running(cluster: Cluster, pod: Obj) -> None:
+def _create_running(cluster: Cluster, pod: Obj) -> Obj:
     created = cluster.store.create("pods", pod)
     node = cluster.store.get("nodes", "", created["spec"].get("nodeName", ""))
     running = copy.deepcopy(created)
     objects.mark_running(running, objects.node_ip(node) if node else "10.0.0.1")
     cluster.store.update("pods", running, check_rv=False)
+    return running
+
+
+def _allocate(cluster: Cluster, pod: Obj, workload: fleet_mod.Workload, replica: int) -> None:
+    """Pin the GPUs the fleet says this replica holds (the kubelet's allocation)."""
+    if replica >= len(workload.gpu_indexes):
+        return
+    node = pod["spec"]["nodeName"]
+    host = cluster.hosts.get(node)
+    wanted = set(workload.gpu_indexes[replica])
+    cluster.device_allocations.setdefault(node, {})[pod["metadata"]["uid"]] = {
+        "namespace": pod["metadata"]["namespace"],
+        "name": pod["metadata"]["name"],
+        "container": next(c.name for c in workload.containers if c.gpus),
+        "devices": [g.uuid for g in host.gpus if g.index in wanted] if host else [],
+    }

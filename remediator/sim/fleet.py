@@ -118,6 +118,9 @@ class Workload(_Model):
     grace_seconds: int = 30
     host_network: bool = False
     """Pods share the node's network namespace: their podIP is the node's InternalIP."""
+    gpu_indexes: list[list[int]] = []
+    """Per initially placed replica, the GPU indexes the kubelet gave it (default: the lowest
+    free ones when first asked)."""
 
 
 class Pdb(_Model):

@@ -104,8 +104,10 @@ def test_the_tour_runs_as_written(tmp_path):
             outputs.append(json.loads(done.stdout))
         runs, plan, approved, _ = outputs
         assert runs["items"][0]["status"] == "waiting_approval"
-        drain = next(s for s in plan["steps"] if s["key"] == "drain")
-        assert "research/jupyter-alice" in drain["preview"]["evict"]
+        planned = {s["key"]: s for s in plan["steps"]}
+        assert planned["drain-gpu"]["status"] == "succeeded"  # the lost GPU's pod went at once
+        assert "research/jupyter-alice" not in planned["drain"]["preview"]["evict"]
+        assert planned["drain"]["status"] == "waiting_approval"
         assert approved["status"] == "pending"
 
         def finished():
