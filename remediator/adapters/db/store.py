@@ -293,14 +293,18 @@ class SqlStore:
         return await self.db.write_sync(operation, in_transaction)
 
     async def read(self, operation: str, work: Callable[[SqlTx], T]) -> T:
-        """Run ``work(tx)`` in a read transaction that locks nothing (not SQLite's writer, no
-        Postgres row): a read of guard state (a plan, the breaker's status) held the breaker
-        row until it ended and queued behind every guard decision and every other reader."""
+        """Run ``work(tx)`` without locking any Postgres row: a read of guard state (a plan,
+        the breaker's status) held the breaker row until it ended and queued behind every
+        guard decision and every other reader. On SQLite (no row locks) it is one call to
+        the writer's thread, as ``run``: over aiosqlite each statement is a trip through the
+        event loop, and a plan's hundred statements took seconds on a busy server."""
         now = self.clock()
 
         def in_transaction(conn: sa.Connection) -> T:
             return work(SqlTx(conn, db=self.db, now=now, keys=self.keys, locking=False))
 
+        if self.db.is_sqlite:
+            return await self.db.write_sync(operation, in_transaction)
         async with self.db.read(operation) as conn:
             return await conn.run_sync(in_transaction)
 
