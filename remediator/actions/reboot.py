@@ -162,6 +162,18 @@ def reboot_pod(
     }
 
 
+async def _ready_driver(ctx: actions.ActionContext, params: RebootParams, node: str) -> str | None:
+    """The node's GPU driver pod once it is Ready again (its containers pass readiness)."""
+    cluster = ctx.require_cluster()
+    with clusterops.cluster_errors(f"finding the GPU driver pod on {node}"):
+        pod = await cluster.find_driver_pod(
+            node,
+            namespace=params.driver_namespace or cluster.driver_namespace,
+            selector=params.driver_selector,
+        )
+    return pod.key if pod is not None and pod.ready else None
+
+
 async def wait_back(
     ctx: actions.ActionContext, params: RebootParams, name: str, boot_id: str
 ) -> dict[str, Any]:
@@ -173,12 +185,9 @@ async def wait_back(
         node = await _node(ctx, name)
         went_down = went_down or node.ready is not True or node.boot_id != boot_id
         if went_down and node.ready is True:
-            try:
-                _, driver = await gpu.find_driver(ctx, params)
-            except errors.ActionFailed:
-                driver = None
+            driver = await _ready_driver(ctx, params, name)
             if driver is not None:
-                return {"boot_id": node.boot_id, "driver_pod": f"{driver.namespace}/{driver.pod}"}
+                return {"boot_id": node.boot_id, "driver_pod": driver}
         if time.monotonic() >= deadline:
             stage = "come back Ready with its GPU driver pod" if went_down else "go down"
             raise errors.ActionFailed(
