@@ -1,11 +1,12 @@
 """The simulator's state file: what a restarted simulator needs to carry on where it stopped.
 
 Saved on a clean stop, restored at start-up: every object (with its uid and resource version;
-the resource version counter carries on), the GPUs, the files in pods, the settings and the
-mutation log (same epoch, next boot). Not kept: watch history (a client resuming a watch from
-before the restart gets 410 Expired and lists again, as after an API server restart), fault
-rules and exec sessions. Without a state file, a restart starts over from the fleet: cordons,
-labels, taints and power limits are gone, and the mutation log starts a new epoch.
+the resource version counter carries on), the GPUs, the files in pods, the GPUs the kubelet
+gave each pod, the settings and the mutation log (same epoch, next boot). Not kept: watch
+history (a client resuming a watch from before the restart gets 410 Expired and lists again,
+as after an API server restart), fault rules and exec sessions. Without a state file, a
+restart starts over from the fleet: cordons, labels, taints and power limits are gone, and the
+mutation log starts a new epoch.
 
 In between, ``restore(..., what="gpus")`` puts back only the GPUs: the Kubernetes objects start
 over from the fleet (an API server that lost its etcd) while the GPUs keep their power limits
@@ -49,6 +50,7 @@ def snapshot(cluster: cluster_mod.Cluster) -> dict[str, Any]:
             for uid, files in cluster.files.items()
         },
         "mutations": cluster.mutations.dump(),
+        "device_allocations": cluster.device_allocations,
     }
 
 
@@ -75,6 +77,7 @@ def restore(cluster: cluster_mod.Cluster, state: dict[str, Any], what: Restore =
         for uid, files in state["files"].items()
     }
     cluster.mutations = mutations.Log.restored(state["mutations"])
+    cluster.device_allocations = dict(state.get("device_allocations") or {})
     cluster.wake.set()
 
 
