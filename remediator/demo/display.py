@@ -132,6 +132,7 @@ _SUMMARIES: dict[tuple[str, str], Callable[[dict[str, Any]], str]] = {
     ("gpu.power_cap", "do"): _power_cap,
     ("gpu.power_cap", "undo"): _power_restore,
     ("node.drain", "do"): _drain,
+    ("gpu.drain_workloads", "do"): _drain,
     ("gpu.collect_bug_report", "do"): _bug_report,
     ("notify", "do"): _notify,
     ("pod.annotate", "do"): _annotate,

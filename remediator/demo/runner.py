@@ -173,7 +173,8 @@ class Player:
         waiting = False
         for step in detail["steps"]:
             status = step["status"]
-            if status == "running" and step["action"] == "node.drain" and step.get("output"):
+            draining = step["action"] in ("node.drain", "gpu.drain_workloads")
+            if status == "running" and draining and step.get("output"):
                 self.show.progress(display.progress_line(step["output"]))
             if status not in TOLD or (step["id"], status) in self.told:
                 continue

@@ -90,6 +90,12 @@ def test_drain_summary_counts_evicted_pods_and_daemonsets_left() -> None:
     )
 
 
+def test_a_gpu_drain_is_summarised_like_a_node_drain() -> None:
+    output = {"total": 1, "gone": ["research/jupyter-alice"], "holders": ["research/jupyter-alice"]}
+    step = {"action": "gpu.drain_workloads", "status": "succeeded", "output": output}
+    assert display.summarize(step) == "1/1 pod(s) evicted: research/jupyter-alice"
+
+
 def test_unknown_action_or_odd_output_summarises_to_nothing() -> None:
     assert (
         display.summarize({"action": "custom.thing", "status": "succeeded", "output": {"x": 1}})
