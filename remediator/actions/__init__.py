@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from remediator.actions import basic, health, kube, ladder, reboot, remap, replacement, reset
+from remediator.actions import (
+    basic,
+    driver,
+    health,
+    kube,
+    ladder,
+    reboot,
+    remap,
+    replacement,
+    reset,
+)
 from remediator.ports import actions as ports_actions
 
 
@@ -17,6 +27,16 @@ def builtin_registry() -> ports_actions.Registry:
         replacement.MarkForReplacementAction(),
         remap.RowRemapStatusAction(),
     ]
-    for action in [*basic.ACTIONS, *kube.KUBE_ACTIONS, *health.ACTIONS, *ladder_actions]:
+    upgrade_actions: list[ports_actions.Action[Any]] = [
+        driver.UpgradeDriverAction(),
+        driver.DriverRolloutAction(),
+    ]
+    for action in [
+        *basic.ACTIONS,
+        *kube.KUBE_ACTIONS,
+        *health.ACTIONS,
+        *ladder_actions,
+        *upgrade_actions,
+    ]:
         registry.register(action)
     return registry

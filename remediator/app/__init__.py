@@ -127,6 +127,7 @@ class Components:
                 "artifact_dir": settings.artifact_dir,
                 "ladder": ladders.StoreLadder(self.store),
                 "reboot": settings.reboot,
+                "driver_upgrade": settings.driver_upgrade,
             },
             silencer=(
                 alertmanager.AlertmanagerSilencer(str(settings.alertmanager_url))

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import pydantic
 import pydantic_settings
 
+from remediator.actions import driver as driver_action
 from remediator.actions import reboot as reboot_action
 from remediator.adapters import kubernetes as kube_adapter
 from remediator.domain import guards as guards_mod
@@ -142,6 +143,11 @@ class Settings(pydantic_settings.BaseSettings):
     )
     artifact_dir: pathlib.Path = pydantic.Field(
         default=pathlib.Path("artifacts"), description="Where bug reports and other artifacts go."
+    )
+    driver_upgrade: driver_action.DriverUpgradeConfig = pydantic.Field(
+        default_factory=driver_action.DriverUpgradeConfig,
+        description="How gpu.upgrade_driver starts a node's driver upgrade: label (the GPU "
+        "Operator's upgrade-state label, default) or a hook URL.",
     )
     reboot: reboot_action.RebootConfig = pydantic.Field(
         default_factory=reboot_action.RebootConfig,

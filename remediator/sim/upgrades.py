@@ -32,6 +32,7 @@ class DriverPolicy:
     version: str | None = None
     failing: set[str] = dataclasses.field(default_factory=set)
     upgraded: list[str] = dataclasses.field(default_factory=list)  # nodes, in order begun
+    peak: int = 0  # the most nodes upgrading at the same time
 
 
 _policies: weakref.WeakKeyDictionary[cluster_mod.Cluster, DriverPolicy] = (
@@ -75,6 +76,7 @@ def _restart(pod: Obj) -> None:
 async def upgrade(cluster: cluster_mod.Cluster, node: str) -> None:
     wanted = policy(cluster)
     wanted.upgraded.append(node)
+    wanted.peak = max(wanted.peak, len(_active.setdefault(cluster, set())))
     try:
         _set_state(cluster, node, "pod-restart-required")
         await asyncio.sleep(cluster.scaled(cluster.settings.pod_startup_seconds))

@@ -202,8 +202,16 @@ def test_every_alertmanager_fixture_reaches_a_playbook() -> None:
 
 def test_manual_runbooks_need_no_alert() -> None:
     manual = {p.name: p for p in shipped_playbooks() if p.manual}
-    assert set(manual) == {"return-node-to-service", "fleet-health-sweep"}
+    assert set(manual) == {"return-node-to-service", "fleet-health-sweep", "gpu-driver-upgrade"}
     assert manual["fleet-health-sweep"].exclusive is False
+    upgrade = manual["gpu-driver-upgrade"]
+    assert (upgrade.exclusive, upgrade.concurrency, upgrade.target.require_node) == (
+        False,
+        1,
+        False,
+    )
+    assert upgrade.parameters["batch_size"].default == 1
+    assert upgrade.step("rollout").requires_approval
     assert manual["fleet-health-sweep"].target.require_node is False
     node = manual["return-node-to-service"].parameters["node"]
     assert node.required
@@ -226,4 +234,4 @@ def test_remediator_lint_rules_passes() -> None:
         env={**os.environ, "PYTHONWARNINGS": "error"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "11 playbook(s) OK" in result.stdout
+    assert "12 playbook(s) OK" in result.stdout

@@ -4,20 +4,25 @@ disruptive steps wait while a node's driver is being upgraded."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
-from remediator.sim import testing
+from remediator.sim import testing, upgrades
 from tests.integration.playbooks.conftest import (
+    FakeNotifier,
     MakeGpuHarness,
+    approve,
     cordoned,
     fixture,
     labels,
+    node_events,
     only_run,
     post,
     statuses,
     step,
+    trigger,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -62,3 +67,83 @@ async def test_an_xid_cordon_waits_while_the_gpu_operator_upgrades_the_driver(
     assert step(detail, "cordon")["status"] == "succeeded", statuses(detail)
     assert cordoned(sim, node)
     assert labels(sim, node)[STATE] == "upgrade-done"
+
+
+H100 = "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
+NODES = ["gpu-node-01", "gpu-node-02", "gpu-node-03"]
+OLD, NEW = "535.129.03", "550.127.05"
+
+
+async def start_rollout(h: Any, **params: Any) -> dict[str, Any]:
+    """Triggered by alice, approved by another operator (as separation of duties wants)."""
+    defaults = {"selector": H100, "target_version": NEW, "batch_size": 1, "pause_seconds": 0}
+    await trigger(h, "gpu-driver-upgrade", defaults | {"channel": "default"} | params, None)
+    detail = await only_run(h, playbook="gpu-driver-upgrade")
+    assert detail["status"] == "waiting_approval", statuses(detail)
+    assert await approve(h, detail, "rollout", "maintenance window CHG-1234") == 200
+    for _ in range(200):  # the rollout step runs in the background: wait for it to end
+        detail = await only_run(h, playbook="gpu-driver-upgrade")
+        if detail["status"] in ("succeeded", "failed"):
+            return detail
+        await asyncio.sleep(0.1)
+        await h.settle()
+    raise AssertionError(statuses(detail))
+
+
+def driver_version(sim: testing.RunningSim, node: str) -> str:
+    return sim.cluster.hosts[node].driver_version
+
+
+async def test_the_rollout_upgrades_three_nodes_one_at_a_time_in_order(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, notifier: FakeNotifier
+) -> None:
+    upgrades.policy(sim.cluster).version = NEW
+    h = await gpu_harness()
+    detail = await start_rollout(h)
+    assert detail["status"] == "succeeded", step(detail, "rollout")["output"]
+    output = step(detail, "rollout")["output"]
+    assert [(n["node"], n["result"]) for n in output["nodes"]] == [
+        (node, "upgraded") for node in NODES
+    ]
+    policy = upgrades.policy(sim.cluster)
+    assert policy.upgraded == NODES
+    assert policy.peak == 1
+    for node in NODES:
+        assert driver_version(sim, node) == NEW
+        assert not cordoned(sim, node)
+        assert labels(sim, node)[STATE] == "upgrade-done"
+        assert "remediator.io/driver-upgrade" not in labels(sim, node)
+        assert {
+            "RemediatorCordon",
+            "RemediatorDrain",
+            "RemediatorDriverUpgrade",
+            "RemediatorUncordon",
+        } <= set(node_events(sim, node))
+    assert driver_version(sim, "gpu-node-04") == OLD  # not selected
+    assert "rolled out" in notifier.sent[-1]["message"]
+
+
+async def test_the_rollout_stops_at_the_first_failed_upgrade_and_notifies(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, notifier: FakeNotifier
+) -> None:
+    upgrades.policy(sim.cluster).version = NEW
+    upgrades.policy(sim.cluster).failing.add("gpu-node-02")
+    h = await gpu_harness()
+    detail = await start_rollout(h)
+    assert detail["status"] == "failed", statuses(detail)
+    assert upgrades.policy(sim.cluster).upgraded == ["gpu-node-01", "gpu-node-02"]
+    assert driver_version(sim, "gpu-node-01") == NEW
+    assert not cordoned(sim, "gpu-node-01")
+    # The failed node stays out for a person; the next one was never touched.
+    assert driver_version(sim, "gpu-node-02") == OLD
+    assert cordoned(sim, "gpu-node-02")
+    assert labels(sim, "gpu-node-02")["remediator.io/driver-upgrade"] == "failed"
+    assert labels(sim, "gpu-node-02")[STATE] == "upgrade-failed"
+    assert driver_version(sim, "gpu-node-03") == OLD
+    assert not cordoned(sim, "gpu-node-03")
+    assert STATE not in labels(sim, "gpu-node-03")
+    stopped = [n for n in notifier.sent if n["data"].get("event") == "driver_rollout_stopped"]
+    assert len(stopped) == 1
+    assert "gpu-node-02" in stopped[0]["message"]
+    assert stopped[0]["data"]["not_started"] == ["gpu-node-03"]
+    assert step(detail, "notify")["status"] != "succeeded"
