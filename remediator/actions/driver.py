@@ -272,7 +272,8 @@ async def _refuse_busy(ctx: actions.ActionContext, node: port.NodeInfo) -> None:
             f"{guards.UPGRADE_MARK}={guards.UPGRADE_FAILED}); clear it to go on"
         )
     state = node.labels.get(guards.DRIVER_UPGRADE_STATE, "")
-    if state in guards.UPGRADING_STATES and state != REQUIRED_STATE:
+    ours = node.labels.get(guards.UPGRADE_MARK) == guards.UPGRADE_IN_PROGRESS  # resuming
+    if state in guards.UPGRADING_STATES and state != REQUIRED_STATE and not ours:
         raise RolloutStopped(f"the GPU Operator is upgrading node {node.name} ({state})")
     holders = await clusterops.other_holders(ctx, node.name)
     if holders:

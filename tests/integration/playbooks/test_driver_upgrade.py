@@ -28,6 +28,7 @@ from tests.integration.playbooks.conftest import (
 pytestmark = pytest.mark.timeout(120)
 
 STATE = "nvidia.com/gpu-driver-upgrade-state"
+MARK = "remediator.io/driver-upgrade"
 
 
 def set_label(sim: testing.RunningSim, node: str, key: str, value: str | None) -> None:
@@ -41,32 +42,42 @@ def set_label(sim: testing.RunningSim, node: str, key: str, value: str | None) -
     sim.cluster.store.mutate("nodes", "", node, change)
 
 
-async def test_an_xid_cordon_waits_while_the_gpu_operator_upgrades_the_driver(
-    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, clock: Any
+@pytest.mark.parametrize(
+    ("key", "upgrading", "done", "holder"),
+    [
+        (STATE, "pod-restart-required", "upgrade-done", "the GPU Operator is upgrading its driver"),
+        (MARK, "in-progress", None, "remediator's driver rollout is upgrading it"),
+    ],
+)
+async def test_an_xid_cordon_waits_while_the_node_driver_is_being_upgraded(
+    gpu_harness: MakeGpuHarness,
+    sim: testing.RunningSim,
+    clock: Any,
+    key: str,
+    upgrading: str,
+    done: str | None,
+    holder: str,
 ) -> None:
     node = "gpu-node-03"
-    set_label(sim, node, STATE, "pod-restart-required")
+    set_label(sim, node, key, upgrading)
     h = await gpu_harness()
     await post(h, fixture("GPUXidError79-firing-1alerts"))
     detail = await only_run(h, playbook="gpu-xid-error")
     cordon = step(detail, "cordon")
     assert cordon["status"] == "pending", statuses(detail)
-    assert cordon["output"]["held"] == (
-        f"node {node}: the GPU Operator is upgrading its driver ({STATE}=pod-restart-required)"
-    )
+    assert cordon["output"]["held"] == f"node {node}: {holder} ({key}={upgrading})"
     assert not cordoned(sim, node)
 
     clock.advance(20)  # still upgrading at the recheck: still held
     await h.settle()
     assert step(await only_run(h, playbook="gpu-xid-error"), "cordon")["status"] == "pending"
 
-    set_label(sim, node, STATE, "upgrade-done")
+    set_label(sim, node, key, done)
     clock.advance(20)
     await h.settle()
     detail = await only_run(h, playbook="gpu-xid-error")
     assert step(detail, "cordon")["status"] == "succeeded", statuses(detail)
     assert cordoned(sim, node)
-    assert labels(sim, node)[STATE] == "upgrade-done"
 
 
 H100 = "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
