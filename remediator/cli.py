@@ -17,6 +17,7 @@ import pydantic
 
 from remediator import __version__
 from remediator.domain.audit import EVENT_FILTERS as _AUDIT_FILTERS
+from remediator.domain.runs import RunStatus
 
 logger = logging.getLogger("remediator")
 
@@ -62,6 +63,9 @@ def _serve(args: argparse.Namespace) -> int:
         app = app_mod.create_app(settings)
     except files.RulesInvalid as e:
         print(f"playbooks are invalid:\n{e}", file=sys.stderr)
+        return 2
+    except files.TokensInvalid as e:
+        print(f"the tokens file is invalid:\n{e}", file=sys.stderr)
         return 2
     host, port = settings.host_port
     # Everything built so far (imported modules, the Kubernetes client's model classes, the
@@ -187,12 +191,23 @@ def _sim(args: argparse.Namespace) -> int:
     return sim_cli.run(args)
 
 
+DEFAULT_SERVER = "http://127.0.0.1:8080"
+
+
+def server_url(value: str) -> str:
+    """A server address as given (``host:port`` or a URL) → an http(s) URL."""
+    if "://" not in value:
+        value = f"http://{value}"
+    scheme = value.split("://", 1)[0].lower()
+    if scheme not in ("http", "https"):
+        raise SystemExit(f"--server must be an http:// or https:// URL, got {value!r}")
+    return value
+
+
 def _client(args: argparse.Namespace) -> Any:
     from remediator.app import client
 
-    if not args.server:
-        raise SystemExit("--server (or REMEDIATOR_SERVER) is required")
-    return client.Client(args.server, args.token)
+    return client.Client(server_url(args.server or DEFAULT_SERVER), args.token)
 
 
 def _print(value: Any) -> None:
@@ -200,14 +215,9 @@ def _print(value: Any) -> None:
 
 
 def _api_call(args: argparse.Namespace) -> int:
-    from remediator.app import client as client_mod
-
     api = _client(args)
     try:
         _print(args.call(api, args))
-    except client_mod.ApiError as e:
-        print(str(e), file=sys.stderr)
-        return 1
     finally:
         api.close()
     return 0
@@ -275,21 +285,28 @@ def _audit_verify(args: argparse.Namespace) -> int:
             )
         ).json()
     else:
-        api = client.Client(args.server, args.token)
+        api = client.Client(server_url(args.server), args.token)
         try:
             report = api.verify()
-        except client.ApiError as e:
-            print(str(e), file=sys.stderr)
-            return 1
         finally:
             api.close()
     _print(report)
     return 0 if report["ok"] else 1
 
 
-def _server_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server", default=os.environ.get("REMEDIATOR_SERVER"))
-    parser.add_argument("--token", default=os.environ.get("REMEDIATOR_TOKEN"))
+def _server_options(
+    parser: argparse.ArgumentParser, *, default: str | None = DEFAULT_SERVER
+) -> None:
+    parser.add_argument(
+        "--server",
+        default=os.environ.get("REMEDIATOR_SERVER", default),
+        help=f"the server's URL or host:port (REMEDIATOR_SERVER; default {default})"
+        if default
+        else "ask this server (URL or host:port; REMEDIATOR_SERVER) instead of the database",
+    )
+    parser.add_argument(
+        "--token", default=os.environ.get("REMEDIATOR_TOKEN"), help="API token (REMEDIATOR_TOKEN)"
+    )
 
 
 def _add_operator_commands(commands: Any) -> None:
@@ -308,11 +325,16 @@ def _add_operator_commands(commands: Any) -> None:
         lambda api, a: api.runs(status=a.status, playbook=a.playbook, node=a.node, limit=a.limit),
         "list runs",
     )
-    for option in ("--status", "--playbook", "--node"):
-        listing.add_argument(option)
-    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument(
+        "--status", choices=[status.value for status in RunStatus], help="runs in this status"
+    )
+    listing.add_argument("--playbook", help="runs of this playbook")
+    listing.add_argument("--node", help="runs on this node")
+    listing.add_argument(
+        "--limit", type=_limit, default=50, help="at most this many runs, newest first (1-500)"
+    )
     show = api_command(runs, "show", lambda api, a: api.run(a.run), "one run in full")
-    show.add_argument("run", type=int)
+    show.add_argument("run", type=int, help="run id")
     for verb in ("approve", "reject"):
         decide = api_command(
             runs,
@@ -322,9 +344,9 @@ def _add_operator_commands(commands: Any) -> None:
             ),
             f"{verb} a waiting step",
         )
-        decide.add_argument("run", type=int)
-        decide.add_argument("step", type=int)
-        decide.add_argument("--comment", required=True)
+        decide.add_argument("run", type=int, help="run id")
+        decide.add_argument("step", type=int, help="the waiting step's id")
+        decide.add_argument("--comment", required=True, help="why (kept in the audit log)")
 
     runbook = commands.add_parser("runbook", help="manual runbooks").add_subparsers(
         dest="runbook_command", required=True
@@ -335,8 +357,8 @@ def _add_operator_commands(commands: Any) -> None:
         lambda api, a: api.trigger(a.playbook, node=a.node, params=_params(a.param)),
         "start a manual runbook",
     )
-    trigger.add_argument("playbook")
-    trigger.add_argument("--node")
+    trigger.add_argument("playbook", help="the manual runbook's name")
+    trigger.add_argument("--node", help="the node it acts on (when the runbook takes one)")
     trigger.add_argument("--param", action="append", help="KEY=VALUE (JSON values allowed)")
 
     breaker = commands.add_parser("breaker", help="the circuit breaker").add_subparsers(
@@ -346,22 +368,24 @@ def _add_operator_commands(commands: Any) -> None:
     reset = api_command(
         breaker, "reset", lambda api, a: api.reset_breaker(a.comment), "close the breaker"
     )
-    reset.add_argument("--comment", required=True)
+    reset.add_argument("--comment", required=True, help="why (kept in the audit log)")
 
     audit = commands.add_parser("audit", help="export and verify the audit log").add_subparsers(
         dest="audit_command", required=True
     )
     export = audit.add_parser("export", help="stream audit events (JSON Lines or CSV)")
     _server_options(export)
-    export.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
+    export.add_argument(
+        "--format", choices=("jsonl", "csv"), default="jsonl", help="output format (jsonl)"
+    )
     export.add_argument("--output", help="file to write (default: standard output)")
     for name in _AUDIT_FILTERS:
-        export.add_argument("--" + name)
+        export.add_argument("--" + name, help=f"only events matching this {name}")
     export.set_defaults(func=_audit_export)
     verify = audit.add_parser(
         "verify", help="verify the hash chain: --file EXPORT offline, the database, or --server"
     )
-    _server_options(verify)
+    _server_options(verify, default=None)
     verify.add_argument("--file", help="a JSON Lines export to verify offline")
     verify.add_argument(
         "--anchors", help="anchor file to compare the chain with (default: audit_anchor_file)"
@@ -433,9 +457,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _limit(value: str) -> int:
+    number = int(value)
+    if not 1 <= number <= 500:
+        raise argparse.ArgumentTypeError("between 1 and 500")
+    return number
+
+
+def _raised(error: BaseException, module: str, name: str) -> bool:
+    """``error`` is ``module.name`` (looked up only if that module is loaded: a command that
+    never imported it cannot have raised it)."""
+    loaded = sys.modules.get(module)
+    kind = getattr(loaded, name, None) if loaded is not None else None
+    return isinstance(kind, type) and isinstance(error, kind)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; what goes wrong outside remediator (a server that does not answer, an
+    API error, a closed pipe, Ctrl-C) is one line on stderr and an exit status, never a
+    traceback."""
     args = build_parser().parse_args(argv)
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, and keep Python from complaining
+        # when it flushes standard output on exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        if _raised(e, "remediator.app.client", "ApiError"):
+            print(f"remediator: {e}", file=sys.stderr)
+            return 1
+        if _raised(e, "httpx", "TransportError"):
+            where = getattr(args, "server", None) or DEFAULT_SERVER
+            reason = str(e) or type(e).__name__
+            print(f"remediator: cannot reach the server at {where}: {reason}", file=sys.stderr)
+            return 2
+        raise
     return result
 
 

@@ -159,12 +159,31 @@ def load_playbooks_strict(
     return loaded
 
 
+class TokensInvalid(ValueError):
+    """A tokens file that cannot be used; the message names each problem and where it is
+    (never a token's value)."""
+
+
 def load_token_entries(path: pathlib.Path) -> list[auth.TokenEntry]:
-    documents = safe_load_all(_read(path))
+    try:
+        documents = safe_load_all(_read(path))
+    except OSError as e:
+        raise TokensInvalid(f"{path}: {e.strerror or e}") from None
+    except (ValueError, yaml.YAMLError) as e:
+        raise TokensInvalid(f"{path}: {e}") from None
     data = (documents[0] if documents else None) or []
     if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a YAML list of tokens")
-    return pydantic.TypeAdapter(list[auth.TokenEntry]).validate_python(data)
+        raise TokensInvalid(f"{path}: expected a YAML list of tokens")
+    try:
+        return pydantic.TypeAdapter(list[auth.TokenEntry]).validate_python(data)
+    except pydantic.ValidationError as e:
+        problems = [
+            f"{path}: entry {error['loc'][0]}"
+            + "".join(f".{part}" for part in error["loc"][1:])
+            + f": {error['msg']}"
+            for error in e.errors(include_input=False, include_url=False)
+        ]
+        raise TokensInvalid("\n".join(problems)) from None
 
 
 def load_tokens(path: pathlib.Path) -> auth.TokenBook:
