@@ -158,3 +158,16 @@ async def test_the_rollout_stops_at_the_first_failed_upgrade_and_notifies(
     assert "gpu-node-02" in stopped[0]["message"]
     assert stopped[0]["data"]["not_started"] == ["gpu-node-03"]
     assert step(detail, "notify")["status"] != "succeeded"
+
+
+async def test_a_batch_of_two_nodes_is_upgraded_before_the_next_node_starts(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim
+) -> None:
+    upgrades.policy(sim.cluster).version = NEW
+    h = await gpu_harness()
+    detail = await start_rollout(h, batch_size=2)
+    assert detail["status"] == "succeeded", step(detail, "rollout")["output"]
+    upgraded = upgrades.policy(sim.cluster).upgraded
+    assert sorted(upgraded[:2]) == NODES[:2]
+    assert upgraded[2:] == NODES[2:]
+    assert all(driver_version(sim, node) == NEW for node in NODES)
