@@ -74,6 +74,9 @@ def _serve(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     logger.info("listening on %s:%s", host, port, extra={"database": settings.is_sqlite})
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    shown = f"[{shown}]" if ":" in shown else shown
+    logger.info("web console: http://%s:%s/", shown, port)
     web.run_app(
         app,
         host=host,

@@ -210,6 +210,14 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/api/v1/openapi.json"): Operation(
         summary="This document", tag="meta", roles=None, database=False
     ),
+    ("GET", "/"): Operation(
+        summary="The web console: redirects to /runbooks",
+        tag="web",
+        roles=None,
+        media=HTML,
+        status=303,
+        database=False,
+    ),
     ("GET", "/runbooks"): Operation(
         summary="Web page: approvals, runbooks, recent runs",
         tag="web",

@@ -403,7 +403,13 @@ def _typed(value: str, kind: str) -> Any:
     return value
 
 
+async def root(request: web.Request) -> web.Response:
+    """``/`` is the console."""
+    raise web.HTTPSeeOther("/runbooks")
+
+
 def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", root)
     app.router.add_get("/runbooks", index)
     app.router.add_get("/runbooks/login", login_form)
     app.router.add_post("/runbooks/login", login)
