@@ -104,7 +104,7 @@ def test_prometheus_rule_holds_the_rule_files_and_passes_promtool(
     assert rule["spec"]["groups"] == expected
     path = tmp_path / "embedded.yaml"
     path.write_text(rulefiles.dump(rule["spec"]), encoding="utf-8")
-    assert "18 rules found" in tools.run("promtool", ["check", "rules", path])
+    assert "24 rules found" in tools.run("promtool", ["check", "rules", path])
 
 
 def test_service_monitor_scrapes_metrics_from_the_service(overlay: Overlay) -> None:
