@@ -71,7 +71,9 @@ async def test_xid79_takes_the_node_out_drains_after_approval_and_keeps_it_out(
     detail = await only_run(h, playbook="gpu-xid-error")
     assert detail["status"] == "waiting_approval", statuses(detail)
     assert_out_of_service(sim, node)
-    assert "research/jupyter-alice" in pod_uids(sim, node)  # nothing evicted yet
+    # Only the lost GPU's pod is gone already (gpu.drain_workloads); the rest waits.
+    assert "research/jupyter-alice" not in pod_uids(sim, node)
+    assert step(detail, "drain-gpu")["output"]["holders"] == ["research/jupyter-alice"]
     started, waiting, held = notifier.sent
     assert held["data"]["event"] == "approval"  # the engine's own notice, once
     assert "step drain (node.drain) needs approval" in held["message"]
@@ -106,7 +108,8 @@ async def test_xid79_takes_the_node_out_drains_after_approval_and_keeps_it_out(
     assert step(detail, "replace")["output"]["skipped"] is True
     assert "escalation ladder" in notifier.messages()[-1]
     reasons = node_events(sim, node)
-    for reason in ("RemediatorCordon", "RemediatorLabel", "RemediatorTaint", "RemediatorDrain"):
+    # The GPU's pod was the node's only one: the node drain found nothing left to evict.
+    for reason in ("RemediatorCordon", "RemediatorLabel", "RemediatorTaint", "RemediatorGpuDrain"):
         assert reason in reasons
     assert "RemediatorBugReport" in reasons
     assert "RemediatorReboot" in reasons
