@@ -329,6 +329,7 @@ class SqlTx:
         self.now = now
         self.keys = keys
         self.locking = locking  # False: a read that must not hold guard rows (``read``)
+        self._fleet_guards: dict[Any, tuple[set[str], dict[str, Any], int]] = {}
         self._chain_head: tuple[int | None, str] | None = None
         # Events wait here until ``flush``: the chain head is locked (Postgres ``FOR UPDATE``)
         # only for the few statements that link and insert them at the end of the
@@ -662,24 +663,14 @@ class SqlTx:
         gpu_nodes: int | None,
         pool: str | None = None,
     ) -> guards.Snapshot:
-        active = sa.select(D.c.node).where(D.c.released_at.is_(None))
-        if pool is not None:
-            active = active.where(D.c.pool == pool)
-        disrupted = {row.node for row in self.conn.execute(active.distinct())}
-        breaker = self.get_guard_state("breaker")
-        window = [R.c.created_at >= since]
-        if breaker.get("reset_at"):  # runs an operator has seen when resetting do not count
-            window.append(R.c.created_at > dt.datetime.fromisoformat(breaker["reset_at"]))
-        recent = self.conn.execute(
-            sa.select(sa.func.count())
-            .select_from(R)
-            .where(
-                R.c.playbook.in_(list(disruptive_playbooks)),
-                R.c.kind == runs.RunKind.ALERT.value,
-                R.c.dry_run.is_(False),
-                *window,
-            )
-        ).scalar_one()
+        playbook_names = tuple(sorted(disruptive_playbooks))
+        key = (pool, since, playbook_names)
+        fleet = self._fleet_guards.get(key)
+        if fleet is None:
+            fleet = self._fleet_guard_state(pool, since, playbook_names)
+            if not self.locking:  # a read sees no writes of its own: plans reuse it per alert
+                self._fleet_guards[key] = fleet
+        disrupted, breaker, recent = fleet
         last = None
         if node is not None:
             latest = sa.func.max(sa.func.coalesce(D.c.released_at, D.c.started_at))
@@ -693,6 +684,30 @@ class SqlTx:
             breaker_open=bool(breaker.get("open")),
             node_last_disrupted=last,
         )
+
+    def _fleet_guard_state(
+        self, pool: str | None, since: dt.datetime, playbook_names: tuple[str, ...]
+    ) -> tuple[set[str], dict[str, Any], int]:
+        """What every node's guard verdict shares: disrupted nodes, the breaker, recent runs."""
+        active = sa.select(D.c.node).where(D.c.released_at.is_(None))
+        if pool is not None:
+            active = active.where(D.c.pool == pool)
+        disrupted = {row.node for row in self.conn.execute(active.distinct())}
+        breaker = self.get_guard_state("breaker")
+        window = [R.c.created_at >= since]
+        if breaker.get("reset_at"):  # runs an operator has seen when resetting do not count
+            window.append(R.c.created_at > dt.datetime.fromisoformat(breaker["reset_at"]))
+        recent = self.conn.execute(
+            sa.select(sa.func.count())
+            .select_from(R)
+            .where(
+                R.c.playbook.in_(list(playbook_names)),
+                R.c.kind == runs.RunKind.ALERT.value,
+                R.c.dry_run.is_(False),
+                *window,
+            )
+        ).scalar_one()
+        return disrupted, breaker, int(recent)
 
     def get_guard_state(self, key: str) -> dict[str, Any]:
         """A guard state; on Postgres its row stays locked until the transaction ends, so a
