@@ -1,5 +1,5 @@
 """Admin endpoints under ``/sim/v1``: GPU state, node flags, settings, faults, state, reset, the
-mutation log, the exec sessions and out-of-band node reboots."""
+mutation log, the exec sessions and out-of-band node reboots and driver upgrades."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pydantic
 from aiohttp import web
 
-from remediator.sim import api, errors, faults, fleet, mutations, nvidia, reboots
+from remediator.sim import api, errors, faults, fleet, mutations, nvidia, reboots, upgrades
 
 GPU_FIELDS = {f.name for f in dataclasses.fields(nvidia.Gpu)} - {"index"}
 
@@ -120,6 +120,35 @@ async def reboot_hook(request: web.Request) -> web.Response:
     return _json({"node": node, "rebooting": True}, 202)
 
 
+async def get_driver_policy(request: web.Request) -> web.Response:
+    return _json(upgrades.describe(request.app[api.CLUSTER]))
+
+
+async def put_driver_policy(request: web.Request) -> web.Response:
+    """The ClusterPolicy's driver version (``version``) and the nodes whose upgrade fails."""
+    cluster = request.app[api.CLUSTER]
+    body = await _body(request)
+    version, failing = body.get("version"), body.get("failing", [])
+    if version is not None and not isinstance(version, str):
+        raise errors.ApiError(422, "version must be a string or null", reason="Invalid")
+    if not isinstance(failing, list) or not all(isinstance(n, str) for n in failing):
+        raise errors.ApiError(422, "failing must be a list of node names", reason="Invalid")
+    upgrades.policy(cluster).version = version
+    upgrades.policy(cluster).failing = set(failing)
+    return _json(upgrades.describe(cluster))
+
+
+async def driver_upgrade_hook(request: web.Request) -> web.Response:
+    """A driver upgrade hook receiver: ``{"node", "target_version"}`` (what remediator sends)."""
+    body = await _body(request)
+    node, version = body.get("node"), body.get("target_version")
+    if not isinstance(version, str | None):
+        raise errors.ApiError(422, "target_version must be a string", reason="Invalid")
+    if not isinstance(node, str) or not upgrades.request(request.app[api.CLUSTER], node, version):
+        raise errors.ApiError(404, f"node {node} not found")
+    return _json({"node": node, "upgrading": True}, 202)
+
+
 async def get_settings(request: web.Request) -> web.Response:
     return _json(request.app[api.CLUSTER].settings.model_dump())
 
@@ -219,5 +248,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_patch("/sim/v1/nodes/{node}", patch_node)
     app.router.add_post("/sim/v1/nodes/{node}/reboot", reboot_node)
     app.router.add_post("/sim/v1/reboots", reboot_hook)
+    app.router.add_get("/sim/v1/driver-policy", get_driver_policy)
+    app.router.add_put("/sim/v1/driver-policy", put_driver_policy)
+    app.router.add_post("/sim/v1/driver-upgrades", driver_upgrade_hook)
     app.router.add_get("/sim/v1/nodes/{node}/gpus/{index}", get_gpu)
     app.router.add_patch("/sim/v1/nodes/{node}/gpus/{index}", patch_gpu)

@@ -105,3 +105,24 @@ def reconcile(cluster: cluster_mod.Cluster) -> None:
         task = asyncio.get_running_loop().create_task(upgrade(cluster, name))
         _tasks.add(task)
         task.add_done_callback(_tasks.discard)
+
+
+def request(cluster: cluster_mod.Cluster, node: str, version: str | None) -> bool:
+    """What an upgrade hook does: pin ``version`` (if given) and ask for the node's upgrade;
+    False when there is no such node."""
+    if cluster.store.get("nodes", "", node) is None:
+        return False
+    if version:
+        policy(cluster).version = version
+    _set_state(cluster, node, "upgrade-required")
+    cluster.wake.set()
+    return True
+
+
+def describe(cluster: cluster_mod.Cluster) -> dict[str, Any]:
+    wanted = policy(cluster)
+    return {
+        "version": wanted.version,
+        "failing": sorted(wanted.failing),
+        "upgraded": list(wanted.upgraded),
+    }

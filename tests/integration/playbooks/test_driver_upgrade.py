@@ -5,6 +5,7 @@ disruptive steps wait while a node's driver is being upgraded."""
 from __future__ import annotations
 
 import asyncio
+import pathlib
 from typing import Any
 
 import pytest
@@ -170,4 +171,20 @@ async def test_a_batch_of_two_nodes_is_upgraded_before_the_next_node_starts(
     upgraded = upgrades.policy(sim.cluster).upgraded
     assert sorted(upgraded[:2]) == NODES[:2]
     assert upgraded[2:] == NODES[2:]
+    assert all(driver_version(sim, node) == NEW for node in NODES)
+
+
+async def test_the_hook_method_asks_the_configured_service_for_each_upgrade(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, tmp_path: pathlib.Path
+) -> None:
+    # The sim's hook pins the requested version and upgrades the node, as a fleet tool would.
+    hook = {
+        "method": "hook",
+        "hook_url": f"{sim.url}/sim/v1/driver-upgrades",
+        "hook_token_file": tmp_path / "reboot-hook-token",  # the sim's token, written already
+    }
+    h = await gpu_harness(driver_upgrade=hook)
+    detail = await start_rollout(h)
+    assert detail["status"] == "succeeded", step(detail, "rollout")["output"]
+    assert upgrades.policy(sim.cluster).upgraded == NODES
     assert all(driver_version(sim, node) == NEW for node in NODES)
