@@ -159,6 +159,13 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"cannot read {args.alert}: {e}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2, sort_keys=True))
+    if not settings.kubernetes:
+        print(
+            "remediator plan: no `kubernetes` setting, so the plan shows no live state (which "
+            "pods a drain would evict, current labels and power limits); point it at the "
+            "cluster or the simulator for those",
+            file=sys.stderr,
+        )
     return 0
 
 

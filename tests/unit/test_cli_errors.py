@@ -92,3 +92,23 @@ def test_a_bad_tokens_file_names_each_problem_and_no_token(tmp_path, capsys):
     assert "entry 0.tokn: Extra inputs are not permitted" in err
     assert "s3cr3t" not in err
     assert "Traceback" not in err
+
+
+def test_a_plan_without_cluster_settings_says_it_shows_no_live_state(tmp_path, capsys):
+    from tests.conftest import AM_FIXTURES, ROOT
+
+    code = cli.main(
+        [
+            "plan",
+            "--alert",
+            str(AM_FIXTURES / "GPUXidError79-firing-1alerts.json"),
+            "--database-url",
+            f"sqlite+aiosqlite:///{tmp_path / 'absent.db'}",
+            "--rules",
+            str(ROOT / "rules"),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "not configured (no live state)" in captured.out
+    assert "no `kubernetes` setting" in captured.err
