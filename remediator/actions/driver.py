@@ -286,12 +286,13 @@ async def upgrade_node(
     """One node: mark, cordon, drain, upgrade, verify, uncordon, unmark."""
     await _refuse_busy(ctx, node)
     holder = node.annotations.get(clusterops.CORDONED_BY, "")
-    if node.unschedulable and holder != clusterops.run_marker(ctx):
+    resuming = node.labels.get(guards.UPGRADE_MARK) == guards.UPGRADE_IN_PROGRESS
+    if node.unschedulable and holder != clusterops.run_marker(ctx) and not resuming:
         return {"node": node.name, "result": f"skipped: cordoned by {holder or 'someone else'}"}
     one = dataclasses.replace(ctx, node=node.name)
     versions = await driver_versions(one, gpu.DriverParams(node=node.name))
-    marked = node.labels.get(guards.UPGRADE_MARK) == guards.UPGRADE_IN_PROGRESS
-    if not marked and versions and all(v == params.target_version for v in versions):
+    at_target = bool(versions) and all(v == params.target_version for v in versions)
+    if at_target and node.labels.get(guards.UPGRADE_MARK) != guards.UPGRADE_IN_PROGRESS:
         return {"node": node.name, "result": "already at the target version"}
     await _mark(one, node.name, guards.UPGRADE_IN_PROGRESS)
     try:
@@ -303,15 +304,16 @@ async def upgrade_node(
             target_version=params.target_version,
             timeout_seconds=params.upgrade_timeout_seconds,
         )
-        upgraded = await UpgradeDriverAction().apply(one, upgrade)
-        await _mark(one, node.name, guards.UPGRADE_IN_PROGRESS)  # until it is back in service
+        if not at_target:  # else an earlier attempt upgraded it and stopped before the end
+            versions = (await UpgradeDriverAction().apply(one, upgrade))["versions"]
+            await _mark(one, node.name, guards.UPGRADE_IN_PROGRESS)  # until back in service
         await health.VerifyHealthyAction().apply(one, health.VerifyParams(node=node.name))
         await kube.UncordonAction().apply(one, kube.UncordonParams(node=node.name))
     except errors.ActionFailed as e:
         await _mark(one, node.name, guards.UPGRADE_FAILED)
         raise RolloutStopped(f"node {node.name}: {e}", output=e.output) from e
     await _mark(one, node.name, None)
-    return {"node": node.name, "result": "upgraded", "versions": upgraded["versions"]}
+    return {"node": node.name, "result": "upgraded", "versions": versions}
 
 
 class DriverRolloutAction(actions.Action[RolloutParams]):

@@ -89,12 +89,14 @@ OLD, NEW = "535.129.03", "550.127.05"
 async def start_rollout(h: Any, **params: Any) -> dict[str, Any]:
     """Triggered by alice, approved by another operator (as separation of duties wants)."""
     defaults = {"selector": H100, "target_version": NEW, "batch_size": 1, "pause_seconds": 0}
-    await trigger(h, "gpu-driver-upgrade", defaults | {"channel": "default"} | params, None)
-    detail = await only_run(h, playbook="gpu-driver-upgrade")
+    run_id = await trigger(
+        h, "gpu-driver-upgrade", defaults | {"channel": "default"} | params, None
+    )
+    detail = await h.run_detail(run_id)
     assert detail["status"] == "waiting_approval", statuses(detail)
     assert await approve(h, detail, "rollout", "maintenance window CHG-1234") == 200
     for _ in range(200):  # the rollout step runs in the background: wait for it to end
-        detail = await only_run(h, playbook="gpu-driver-upgrade")
+        detail = await h.run_detail(run_id)
         if detail["status"] in ("succeeded", "failed"):
             return detail
         await asyncio.sleep(0.1)
@@ -188,3 +190,33 @@ async def test_the_hook_method_asks_the_configured_service_for_each_upgrade(
     assert detail["status"] == "succeeded", step(detail, "rollout")["output"]
     assert upgrades.policy(sim.cluster).upgraded == NODES
     assert all(driver_version(sim, node) == NEW for node in NODES)
+
+
+async def test_a_rollout_triggered_again_stops_at_a_failed_node_until_a_person_clears_it(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim
+) -> None:
+    policy = upgrades.policy(sim.cluster)
+    policy.version = NEW
+    policy.failing.add("gpu-node-02")
+    h = await gpu_harness()
+    assert (await start_rollout(h))["status"] == "failed"
+
+    again = await start_rollout(h)  # nothing cleared: stops at once, touches nothing
+    assert again["status"] == "failed"
+    assert "gpu-node-02 failed an earlier driver upgrade" in step(again, "rollout")["error"]
+    assert policy.upgraded == ["gpu-node-01", "gpu-node-02"]
+
+    policy.failing.clear()  # the node is fixed; a person clears the mark and uncordons it
+    set_label(sim, "gpu-node-02", MARK, None)
+    sim.cluster.store.mutate(
+        "nodes", "", "gpu-node-02", lambda obj: obj["spec"].update(unschedulable=False)
+    )
+    resumed = await start_rollout(h)
+    assert resumed["status"] == "succeeded", step(resumed, "rollout")["output"]
+    assert [n["result"] for n in step(resumed, "rollout")["output"]["nodes"]] == [
+        "already at the target version",
+        "upgraded",
+        "upgraded",
+    ]
+    assert all(driver_version(sim, node) == NEW for node in NODES)
+    assert not any(cordoned(sim, node) for node in NODES)
