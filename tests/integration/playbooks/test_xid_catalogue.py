@@ -173,6 +173,35 @@ async def test_a_gsp_hang_resets_the_gpu_after_the_approved_drain(
     assert step(detail, "reboot")["output"]["skipped"] is True
 
 
+async def test_a_hung_gpu_the_reset_cannot_reach_reboots_the_node_in_the_same_episode(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim
+) -> None:
+    node = "gpu-node-03"
+    sim.gpu(node, 3).lost = True  # the hung GSP no longer answers: nvidia-smi -r fails
+    h = await gpu_harness()
+    await post(
+        h,
+        xid_alert(
+            "GPUXidHang",
+            xid="120",
+            resolution="reboot",
+            severity="critical",
+            summary="GPU 3 on gpu-node-03 is hung (Xid 120)",
+        ),
+    )
+    detail = await only_run(h, playbook="gpu-xid-hang")
+    assert await approve(h, detail, "drain", "GSP hung") == 200
+    detail = await h.run_detail(detail["id"])
+
+    assert detail["status"] == "succeeded", statuses(detail)
+    assert step(detail, "ladder")["output"]["rung"] == "reset"
+    assert step(detail, "reset")["output"]["escalated_to"] == "reboot"
+    assert sim.cluster.reboots == [node]
+    assert sim.gpu(node, 3).lost is False  # back after the reboot
+    assert step(detail, "replace")["output"]["skipped"] is True
+    assert cordoned(sim, node)  # never returned to service automatically
+
+
 async def test_an_nvlink_xid_marks_the_node_for_investigation_without_a_reset(
     gpu_harness: MakeGpuHarness, sim: testing.RunningSim, notifier: FakeNotifier
 ) -> None:
