@@ -6,6 +6,7 @@ from typing import Any
 
 from remediator.actions import (
     basic,
+    diagnose,
     driver,
     health,
     kube,
@@ -35,6 +36,7 @@ def builtin_registry() -> ports_actions.Registry:
         *basic.ACTIONS,
         *kube.KUBE_ACTIONS,
         *health.ACTIONS,
+        *diagnose.ACTIONS,
         *ladder_actions,
         *upgrade_actions,
     ]:

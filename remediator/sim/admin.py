@@ -71,6 +71,10 @@ async def patch_gpu(request: web.Request) -> web.Response:
     values = {}
     for key, value in body.items():
         current = getattr(gpu, key)
+        if isinstance(current, list) and not (
+            isinstance(value, list) and all(isinstance(v, str) for v in value)
+        ):
+            raise errors.ApiError(422, f"{key} must be a list of strings", reason="Invalid")
         if isinstance(current, bool) and not isinstance(value, bool):
             raise errors.ApiError(422, f"{key} must be a boolean", reason="Invalid")
         if isinstance(current, (int, float)) and not isinstance(current, bool):

@@ -1,10 +1,10 @@
 """Commands that can be exec'd in simulated containers. Nothing ever runs on the host.
 
 GPU driver containers (``nvidia-driver-ctr`` in pods labelled as the GPU Operator's driver
-daemonset) have ``nvidia-smi``, ``nvidia-bug-report.sh``, ``cat``, ``rm`` and ``ls`` over a
-per-pod in-memory filesystem; being hostPID, they also read the node's kubelet device checkpoint
-under ``/proc/1/root`` (see ``kubelet``). Everything else answers like a missing executable
-(exit 127).
+daemonset) have ``nvidia-smi``, ``dcgmi diag`` (see ``dcgm``), ``nvidia-bug-report.sh``,
+``cat``, ``rm`` and ``ls`` over a per-pod in-memory filesystem; being hostPID, they also read
+the node's kubelet device checkpoint under ``/proc/1/root`` (see ``kubelet``). Everything else
+answers like a missing executable (exit 127).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import posixpath
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from remediator.sim import mutations, nvidia
+from remediator.sim import dcgm, mutations, nvidia
 
 STDOUT = 1
 STDERR = 2
@@ -77,6 +77,10 @@ async def run(ctx: Context, argv: list[str], emit: Emit) -> int:
             out, err, rc = nvidia.run(ctx.host, argv[1:])
             if rc == nvidia.RC_OK:
                 _log_power_limits(ctx, ctx.host, argv, before)
+            await _emit_text(emit, out, err)
+            return rc
+        if program == "dcgmi":
+            out, err, rc = dcgm.run(ctx.host, argv[1:])
             await _emit_text(emit, out, err)
             return rc
         if program == "nvidia-bug-report.sh":

@@ -64,6 +64,13 @@ class Gpu:
     remapped_uncorrectable: int = 0
     remap_pending: bool = False
     remap_failure: bool = False
+    pcie_gen_current: int = 5
+    pcie_gen_max: int = 5
+    pcie_width_current: int = 16
+    pcie_width_max: int = 16
+    diag_failures: list[str] = dataclasses.field(default_factory=list)
+    """DCGM diagnostic tests this GPU fails (``dcgmi diag``), e.g. ``["Memory"]``: hardware
+    faults, so neither a reset nor a reboot clears them (see ``dcgm``)."""
 
     def clear_volatile(self) -> None:
         """What a GPU reset or a reboot clears (the GPU answers again after either)."""

@@ -70,10 +70,14 @@ FIELDS: dict[str, Field] = {
     "clocks.current.memory": ("clocks.current.memory", "MHz", lambda h, g: str(g.clock_memory)),
     "clocks.mem": ("clocks.current.memory", "MHz", lambda h, g: str(g.clock_memory)),
     "mig.mode.current": ("mig.mode.current", "", lambda h, g: "Disabled"),
-    "pcie.link.gen.current": ("pcie.link.gen.current", "", lambda h, g: "5"),
-    "pcie.link.gen.max": ("pcie.link.gen.max", "", lambda h, g: "5"),
-    "pcie.link.width.current": ("pcie.link.width.current", "", lambda h, g: "16"),
-    "pcie.link.width.max": ("pcie.link.width.max", "", lambda h, g: "16"),
+    "pcie.link.gen.current": ("pcie.link.gen.current", "", lambda h, g: str(g.pcie_gen_current)),
+    "pcie.link.gen.max": ("pcie.link.gen.max", "", lambda h, g: str(g.pcie_gen_max)),
+    "pcie.link.width.current": (
+        "pcie.link.width.current",
+        "",
+        lambda h, g: str(g.pcie_width_current),
+    ),
+    "pcie.link.width.max": ("pcie.link.width.max", "", lambda h, g: str(g.pcie_width_max)),
     "clocks_event_reasons.active": (
         "clocks_event_reasons.active",
         "",
