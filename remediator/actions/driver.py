@@ -284,6 +284,7 @@ async def upgrade_node(
     ctx: actions.ActionContext, params: RolloutParams, node: port.NodeInfo
 ) -> dict[str, Any]:
     """One node: mark, cordon, drain, upgrade, verify, uncordon, unmark."""
+    node = await clusterops.gpu_node(ctx.require_cluster(), node.name)  # as it is now
     await _refuse_busy(ctx, node)
     holder = node.annotations.get(clusterops.CORDONED_BY, "")
     resuming = node.labels.get(guards.UPGRADE_MARK) == guards.UPGRADE_IN_PROGRESS
@@ -340,9 +341,10 @@ class DriverRolloutAction(actions.Action[RolloutParams]):
     async def apply(self, ctx: actions.ActionContext, params: RolloutParams) -> dict[str, Any]:
         cluster = ctx.require_cluster()
         with clusterops.cluster_errors(f"listing nodes {params.selector!r}"):
-            nodes = sorted(await cluster.list_nodes(params.selector), key=lambda n: n.name)
+            found = await cluster.list_nodes(params.selector)
+        nodes = sorted((n for n in found if cluster.is_gpu_node(n)), key=lambda n: n.name)
         if not nodes:
-            raise errors.ActionFailed(f"no node matches {params.selector!r}")
+            raise errors.ActionFailed(f"no GPU node matches {params.selector!r}")
         done: list[dict[str, Any]] = []
         for start in range(0, len(nodes), params.batch_size):
             batch = nodes[start : start + params.batch_size]
