@@ -220,3 +220,29 @@ async def test_a_rollout_triggered_again_stops_at_a_failed_node_until_a_person_c
     ]
     assert all(driver_version(sim, node) == NEW for node in NODES)
     assert not any(cordoned(sim, node) for node in NODES)
+
+
+async def test_the_runbook_is_triggered_over_the_api_with_its_defaults(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim
+) -> None:
+    h = await gpu_harness()
+    response = await h.client.post(
+        "/api/v1/runbooks/gpu-driver-upgrade/runs",
+        json={"params": {"selector": H100, "target_version": NEW}, "dryRun": True},
+    )
+    assert response.status == 201, await response.text()
+    await h.settle()
+    [run] = await h.runs(playbook="gpu-driver-upgrade")
+    assert run["params"] == {
+        "selector": H100,
+        "target_version": NEW,
+        "batch_size": 1,
+        "pause_seconds": 60,
+        "channel": "default",
+    }
+    assert upgrades.policy(sim.cluster).upgraded == []
+    refused = await h.client.post(
+        "/api/v1/runbooks/gpu-driver-upgrade/runs",
+        json={"params": {"selector": H100, "target_version": "550; reboot"}},
+    )
+    assert refused.status == 400
