@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import pydantic
 
@@ -88,7 +88,7 @@ def parse_diag(text: str) -> list[DiagResult]:
 
 
 class DiagnoseParams(gpu.DriverParams):
-    level: Literal[1, 2, 3] = 1
+    level: int = pydantic.Field(1, ge=1, le=3)
     """1: deployment checks (seconds); 2: adds PCIe and memory (minutes); 3: stress (~30 min)."""
     exec_timeout_seconds: float = pydantic.Field(600.0, gt=0, le=7200)
     """How long the diagnostic may run before the step fails (level 3 needs about 2400)."""
