@@ -4,7 +4,6 @@ import pathlib
 import textwrap
 
 import pytest
-import yaml
 
 from remediator.actions import builtin_registry
 from remediator.adapters import files
@@ -202,5 +201,5 @@ def test_a_file_past_the_size_limit_is_refused_unparsed(tmp_path, registry):
 def test_the_tokens_file_has_the_same_limits(tmp_path):
     path = tmp_path / "tokens.yaml"
     path.write_text("- &t0 {}\n" + "- *t0\n" * 150)
-    with pytest.raises(yaml.YAMLError, match="more than 100 aliases"):
+    with pytest.raises(files.TokensInvalid, match="more than 100 aliases"):
         files.load_tokens(path)
