@@ -67,6 +67,8 @@ def _warnings(raw: Any) -> tuple[str, ...]:
 def parse_diag(text: str) -> list[DiagResult]:
     """The results of ``dcgmi diag -j``; ``ValueError`` when it is not that JSON."""
     body = json.loads(text)
+    if not isinstance(body, dict):
+        raise ValueError("no DCGM diagnostic test_categories in the output")
     diag = body.get("DCGM GPU Diagnostic") or body.get("DCGM Diagnostic")
     if not isinstance(diag, dict) or not isinstance(diag.get("test_categories"), list):
         raise ValueError("no DCGM diagnostic test_categories in the output")
