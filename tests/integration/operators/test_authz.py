@@ -58,6 +58,7 @@ MATRIX = [
     ("GET", "/runbooks", "/runbooks", None, READ),
     ("GET", "/runbooks/runs/{run_id}", "/runbooks/runs/1", None, READ),
     ("GET", "/runbooks/login", "/runbooks/login", None, PUBLIC),
+    ("GET", "/", "/", None, PUBLIC),  # a redirect to /runbooks, which checks the caller
 ]
 # Form posts need a CSRF token first; test_identity covers them role by role.
 FORMS = {
