@@ -76,7 +76,7 @@ def candidates(labels: Mapping[str, str], order: Iterable[str]) -> list[Candidat
     found: list[Candidate] = []
     seen: set[str] = set()
     for label in order:
-        value = labels.get(label, "").strip()
+        value = labels.get(label, "")  # as given: "node\n" is no node name, never "node"
         if not value:
             continue
         host = matching.strip_port(value)

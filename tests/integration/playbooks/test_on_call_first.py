@@ -54,7 +54,16 @@ def test_every_shipped_playbook_that_disrupts_a_node_notifies_first() -> None:
         assert not first.requires_approval, playbook.name
         assert any(s.action == "notify" for s in enabled[1:]), f"{playbook.name}: no later notify"
         checked.append(playbook.name)
-    assert sorted(checked) == ["gpu-ecc-uncorrectable", "gpu-temperature-critical", "gpu-xid-error"]
+    assert sorted(checked) == [
+        "gpu-ecc-uncorrectable",
+        "gpu-row-remap",
+        "gpu-temperature-critical",
+        "gpu-xid-error",
+        "gpu-xid-hang",
+        "gpu-xid-memory",
+        "gpu-xid-nvlink",
+        "gpu-xid-recovery-action",
+    ]
 
 
 def xid79(sim: testing.RunningSim, node: str, gpu: int) -> bytes:

@@ -86,8 +86,9 @@ def test_drain_pod_selector_rejects_shell_metacharacters() -> None:
 
 def test_every_kube_action_is_exported_once() -> None:
     names = [a.name for a in kube.KUBE_ACTIONS]
-    assert len(names) == len(set(names)) == 12
+    assert len(names) == len(set(names)) == 13
     assert {a.name for a in kube.KUBE_ACTIONS if a.disruptive} == {
+        "gpu.drain_workloads",
         "node.cordon",
         "node.drain",
         "node.taint",

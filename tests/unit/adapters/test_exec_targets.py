@@ -19,8 +19,19 @@ EXEC_ACTIONS = [
     "gpu.verify_healthy",
     "gpu.collect_bug_report",
     "gpu.health_report",
+    "gpu.diagnose",
+    "gpu.drain_workloads",
+    "gpu.reset",
+    "gpu.row_remap_status",
+    "gpu.upgrade_driver",
+    "gpu.verify_pcie",
+    "node.mark_for_replacement",
+    "node.reboot",
 ]
-EXTRA = {"gpu.power_cap": {"percent_of_default": 70}}
+EXTRA = {
+    "gpu.power_cap": {"percent_of_default": 70},
+    "gpu.upgrade_driver": {"target_version": "570.124.06"},
+}
 
 
 @pytest.fixture
@@ -147,8 +158,12 @@ def test_lint_command_fails_naming_the_file_and_field(tmp_path, capsys):
 
 def test_every_builtin_driver_pod_field_is_declared_an_exec_target():
     for action in builtin_registry().all():
+        # the fields that choose the driver pod and container (``driver_version`` is a value
+        # a check compares with, not a place remediator execs into)
         driver_fields = {
-            name for name in action.params_model.model_fields if name.startswith("driver_")
+            name
+            for name in action.params_model.model_fields
+            if name in ("driver_namespace", "driver_selector", "driver_container")
         }
         assert driver_fields <= playbooks.exec_target_fields(action.params_model), action.name
     declared = {
