@@ -161,6 +161,7 @@ class Components:
         # Singleton loops run only on the leader (``_lifecycle`` builds the elector); the
         # engine's lease sweeper asks the same elector.
         self.singletons: dict[str, leader.Loop] = {"retention": lambda: _retention(self)}
+        self.last_anchor_id: int | None = None  # the newest anchor written (None: not read)
         if settings.audit_anchor_file is not None:
             self.singletons["audit-anchor"] = lambda: anchor_forever(self)
         self.elector: leader.Elector | None = None
@@ -594,19 +595,23 @@ async def anchor_once(components: Components) -> audit.Anchor | None:
     head = await components.audit.head()
     if head is None:
         return None
-    previous = await asyncio.to_thread(auditfiles.read_anchors, path)
-    if previous and previous[-1].last_id == head[0]:
+    if components.last_anchor_id is None:  # once per leadership: the file only grows
+        previous = await asyncio.to_thread(auditfiles.read_anchors, path)
+        components.last_anchor_id = previous[-1].last_id if previous else 0
+    if components.last_anchor_id == head[0]:
         return None
     anchor = audit.Anchor(head[0], head[1], components.clock().isoformat())
     if components.audit_keys is not None:
         anchor = dataclasses.replace(anchor, mac=audit.mac(components.audit_keys, anchor.text()))
     await asyncio.to_thread(auditfiles.append_anchor, path, anchor)
+    components.last_anchor_id = anchor.last_id
     return anchor
 
 
 async def anchor_forever(components: Components) -> None:
     """The leader writes the chain head outside the database every ``audit_anchor_interval``
     seconds, so a writer who rewrites or cuts the chain cannot also rewrite its anchors."""
+    components.last_anchor_id = None  # another replica may have led and anchored meanwhile
     while True:
         try:
             await anchor_once(components)

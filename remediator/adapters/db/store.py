@@ -330,7 +330,6 @@ class SqlTx:
         self.keys = keys
         self.locking = locking  # False: a read that must not hold guard rows (``read``)
         self._fleet_guards: dict[Any, tuple[set[str], dict[str, Any], int]] = {}
-        self._chain_head: tuple[int | None, str] | None = None
         # Events wait here until ``flush``: the chain head is locked (Postgres ``FOR UPDATE``)
         # only for the few statements that link and insert them at the end of the
         # transaction, so replicas run their engine work side by side and meet only there.
@@ -424,21 +423,18 @@ class SqlTx:
             last_hash = digest
         self.conn.execute(_INSERT_EVENT, rows)
         self.conn.execute(_UPDATE_HEAD, {"last_id": last_id, "last_hash": last_hash})
-        self._chain_head = (last_id, last_hash)
         self._pending = []
 
     def _head(self) -> tuple[int | None, str]:
-        if self._chain_head is None:
-            query = sa.select(H.c.last_id, H.c.last_hash).where(H.c.id == 1)
-            if self.db.is_postgres:
-                query = query.with_for_update()
-            row = (self.conn.execute(query)).one_or_none()
-            if row is None:
-                self.conn.execute(sa.insert(H).values(id=1, last_id=None, last_hash=audit.GENESIS))
-                self._chain_head = (None, audit.GENESIS)
-            else:
-                self._chain_head = (row.last_id, row.last_hash)
-        return self._chain_head
+        """The chain head, locked on Postgres until the transaction ends (created if none)."""
+        query = sa.select(H.c.last_id, H.c.last_hash).where(H.c.id == 1)
+        if self.db.is_postgres:
+            query = query.with_for_update()
+        row = (self.conn.execute(query)).one_or_none()
+        if row is None:
+            self.conn.execute(sa.insert(H).values(id=1, last_id=None, last_hash=audit.GENESIS))
+            return None, audit.GENESIS
+        return row.last_id, row.last_hash
 
     # -- episodes --------------------------------------------------------------------------
 

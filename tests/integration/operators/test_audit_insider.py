@@ -277,3 +277,15 @@ async def test_offline_export_verification_needs_the_key_for_keyed_events(
     without = client_mod.verify_export(path)
     assert not without.ok
     assert "no audit key is configured" in without.reason
+
+
+async def test_an_anchor_is_written_only_when_the_head_moved(make_harness, keyed):
+    h = await _history(make_harness, keyed)
+    assert await app_mod.anchor_once(h.components) is None
+    await h.post(alert_body(node="gpu-node-02"))
+    await h.settle()
+    moved = await app_mod.anchor_once(h.components)
+    assert moved is not None
+    anchors = auditfiles.read_anchors(keyed["audit_anchor_file"])
+    assert [a.last_id for a in anchors] == [anchors[0].last_id, moved.last_id]
+    assert anchors[0].last_id < moved.last_id
