@@ -351,6 +351,10 @@ class Components:
 
 
 COMPONENTS = web.AppKey("components", Components)
+# How the HTTP server runs the app, in ``serve`` and in tests alike. Compressed request bodies
+# are refused unread (415), so nothing may inflate them before that: aiohttp's own parser would
+# otherwise start inflating a gzip bomb as its bytes arrive, before any middleware runs.
+SERVER_OPTIONS: dict[str, Any] = {"auto_decompress": False}
 SESSION_SWEEP_INTERVAL = 60.0
 SESSION_SWEEP_BATCH = 500
 FAILED = web.AppKey("failed", list)

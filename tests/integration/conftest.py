@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from aiohttp import test_utils
 
 import remediator.app as app_mod
 from remediator.app import settings as settings_mod
@@ -77,7 +78,9 @@ def make_harness(
         app = app_mod.create_app(
             settings, clock=clock, registry=registry, notifier=notifier, run_engine=False
         )
-        client = await aiohttp_client(app)
+        server = test_utils.TestServer(app)
+        await server.start_server(**app_mod.SERVER_OPTIONS)
+        client = await aiohttp_client(server)
         return Harness(client, app[app_mod.COMPONENTS], record_path)
 
     return make

@@ -23,7 +23,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 async def _serve(settings: settings_mod.Settings) -> None:
     logs.configure(settings.log_level, settings.log_format)
-    runner = web.AppRunner(app_mod.create_app(settings, run_engine=False))
+    app = app_mod.create_app(settings, run_engine=False)
+    runner = web.AppRunner(app, **app_mod.SERVER_OPTIONS)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     print(f"port {runner.addresses[0][1]}", flush=True)

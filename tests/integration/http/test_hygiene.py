@@ -16,6 +16,7 @@ import time
 import zlib
 
 import pytest
+from aiohttp import http_parser
 
 from tests.integration.operators.conftest import GATED, MANUAL, TOKENS, bearer, write_tokens
 from tests.support.alerts import alert_body
@@ -368,8 +369,17 @@ async def test_strangers_are_refused_before_their_body_is_read(make_harness, tmp
 
 
 @SQLITE_ONLY
-async def test_compressed_bodies_are_refused_unread(make_harness):
-    """A 1 MB gzip body inflating to 1 GiB once blocked the event loop for seconds."""
+async def test_compressed_bodies_are_refused_unread(make_harness, monkeypatch):
+    """A 1 MB gzip body inflating to 1 GiB once blocked the event loop for seconds. Not even
+    aiohttp's parser may start inflating one while its bytes arrive."""
+    inflaters = []
+    made = http_parser.DeflateBuffer.__init__
+
+    def counted(self, *args, **kwargs):
+        inflaters.append(args[1:2])
+        made(self, *args, **kwargs)
+
+    monkeypatch.setattr(http_parser.DeflateBuffer, "__init__", counted)
     h = await make_harness(GATED)
     await h.client.get("/runbooks/login")  # the nonce cookie, for the sign-in form
     cookies = "; ".join(f"{c.key}={c.value}" for c in h.client.session.cookie_jar).encode()
@@ -398,6 +408,7 @@ async def test_compressed_bodies_are_refused_unread(make_harness):
             if (status, code, answer.get("connection")) != (415, "unsupported_media_type", "close"):
                 problems.append(f"{path} {encoding!r}: {status} {code!r} {answer}")
     assert problems == []
+    assert inflaters == []
     assert (await h.client.get("/healthz")).status == 200
 
 
