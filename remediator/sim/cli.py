@@ -27,6 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fleet description (YAML); default: the packaged default fleet",
     )
     parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="generate a fleet of N GPU nodes (eight H100 each, the GPU Operator's driver and "
+        "DCGM pods on every node: gpu-node-0001 ...) instead of --fleet",
+    )
+    parser.add_argument(
         "--token", default=None, help="bearer token clients must present (default: random, printed)"
     )
     parser.add_argument(
@@ -80,7 +88,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_fleet(args: argparse.Namespace) -> fleet_mod.Fleet:
-    fleet = fleet_mod.Fleet.from_file(args.fleet) if args.fleet else fleet_mod.Fleet.default()
+    if args.nodes is not None and args.fleet:
+        raise ValueError("give --fleet or --nodes, not both")
+    if args.nodes is not None:
+        fleet = fleet_mod.generate(args.nodes)
+    elif args.fleet:
+        fleet = fleet_mod.Fleet.from_file(args.fleet)
+    else:
+        fleet = fleet_mod.Fleet.default()
     updates: dict[str, object] = {}
     if args.default_grace is not None:
         updates["default_grace_seconds"] = args.default_grace

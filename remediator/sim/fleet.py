@@ -193,3 +193,57 @@ def build_host(node: Node, settings: Settings) -> nvidia.Host | None:
         cuda_version=settings.cuda_version,
         bug_report_hangs=node.bug_report_hangs,
     )
+
+
+GENERATED_GPU_LABELS = {
+    "nvidia.com/gpu.present": "true",
+    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    "nvidia.com/gpu.count": "8",
+    "nvidia.com/mig.strategy": "single",
+    "node-role.kubernetes.io/gpu": "",
+}
+
+
+def generated_node_name(index: int, nodes: int) -> str:
+    """Name of the ``index``-th (from 1) of ``nodes`` generated nodes: ``gpu-node-0001``."""
+    return f"gpu-node-{index:0{max(4, len(str(nodes)))}d}"
+
+
+def generate(nodes: int) -> Fleet:
+    """A fleet of ``nodes`` H100 nodes (eight GPUs each, the GPU taint, GPU feature discovery's
+    labels) carrying the GPU Operator's driver and DCGM exporter pods, one of each per node.
+
+    Settings and the two daemonsets are the default fleet's, so a generated fleet answers
+    nvidia-smi and dcgmi in every driver pod exactly as the default fleet does.
+    """
+    if nodes < 1:
+        raise ValueError("a generated fleet needs at least one node")
+    default = Fleet.default()
+    names = [generated_node_name(index, nodes) for index in range(1, nodes + 1)]
+    # Pod names from the node's number: random five-letter suffixes collide in a large fleet.
+    daemonsets = [
+        w.model_copy(
+            update={
+                "nodes": names,
+                "pod_names": [f"{w.name}-{name.rsplit('-', 1)[1]}" for name in names],
+            }
+        )
+        for w in default.workloads
+        if w.kind == "DaemonSet"
+    ]
+    gpu_nodes = [
+        Node(
+            name=name,
+            labels=dict(GENERATED_GPU_LABELS),
+            taints=[Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule")],
+            allocatable={"cpu": "192", "memory": "2Ti", "pods": "110"},
+            gpus=GpuSet(model="H100", count=8),
+        )
+        for name in names
+    ]
+    return Fleet(
+        settings=default.settings,
+        namespaces=sorted({w.namespace for w in daemonsets}),
+        nodes=gpu_nodes,
+        workloads=daemonsets,
+    )

@@ -1,0 +1,39 @@
+"""``remediator sim --nodes N``: a generated fleet has N GPU nodes, each with its own driver and
+DCGM exporter pod, and names that cannot collide however large the fleet."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from remediator.sim import cli as sim_cli
+from remediator.sim import cluster as sim_cluster
+from remediator.sim import fleet as sim_fleet
+
+
+def test_generated_fleet_puts_a_driver_and_a_dcgm_pod_on_every_gpu_node():
+    cluster = sim_cluster.Cluster(sim_fleet.generate(12))
+    nodes = [n["metadata"]["name"] for n in cluster.store.iter("nodes")]
+    assert nodes == [f"gpu-node-{i:04d}" for i in range(1, 13)]
+    pods = list(cluster.store.iter("pods", "gpu-operator"))
+    by_node: dict[str, list[str]] = {}
+    for pod in pods:
+        by_node.setdefault(pod["spec"]["nodeName"], []).append(pod["metadata"]["name"])
+    assert sorted(by_node) == nodes
+    assert all(len(names) == 2 for names in by_node.values())
+    assert len({p["metadata"]["name"] for p in pods}) == len(pods) == 24
+    assert all(len(cluster.hosts[name].gpus) == 8 for name in nodes)
+
+
+def test_generated_node_names_widen_with_the_fleet():
+    assert sim_fleet.generated_node_name(7, 5000) == "gpu-node-0007"
+    assert sim_fleet.generated_node_name(7, 20000) == "gpu-node-00007"
+
+
+def test_sim_refuses_a_fleet_file_and_a_node_count_together():
+    parser = argparse.ArgumentParser()
+    sim_cli.add_arguments(parser)
+    with pytest.raises(ValueError, match="not both"):
+        sim_cli._load_fleet(parser.parse_args(["--nodes", "3", "--fleet", "fleet.yaml"]))
+    assert len(sim_cli._load_fleet(parser.parse_args(["--nodes", "3"])).nodes) == 3
