@@ -264,9 +264,13 @@ class _LabelsBase(abc.ABC):
     async def check(self, ctx: actions.ActionContext, params: NodeParams) -> actions.Check:
         node = await _node(ctx, params)
         wanted = self.wanted(params)
-        done = all(node.labels.get(k) == v for k, v in wanted.items())
+        current = {k: node.labels.get(k) for k in wanted}
+        # ``previous`` is what the node has now: once in place that is ``wanted`` (what undo
+        # of a check that found the labels in place restores: nothing); before, what a plan
+        # shows and what undo will put back.
         return actions.Check(
-            in_place=done, output={"node": node.name, "set": wanted, "previous": wanted}
+            in_place=current == wanted,
+            output={"node": node.name, "set": wanted, "previous": current},
         )
 
     async def apply(self, ctx: actions.ActionContext, params: NodeParams) -> dict[str, Any]:

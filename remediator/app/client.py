@@ -16,10 +16,26 @@ from remediator.domain import audit
 
 
 class ApiError(Exception):
+    """The server answered with an error: one line, the API's code and message when it sent
+    them (``{"error": {"code", "message"}}``), else the start of the body."""
+
     def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"HTTP {status}: {body}")
+        super().__init__(f"HTTP {status}: {_error_text(body)}")
         self.status = status
         self.body = body
+
+
+def _error_text(body: str, limit: int = 200) -> str:
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if isinstance(error, dict) and error.get("message"):
+        text = f"{error.get('code', 'error')}: {error['message']}"
+    else:
+        text = body
+    text = " ".join(text.split()) or "(no body)"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class Client:
@@ -33,7 +49,14 @@ class Client:
     def _check(self, response: httpx.Response) -> Any:
         if response.status_code >= 400:
             raise ApiError(response.status_code, response.text)
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            raise ApiError(
+                response.status_code,
+                f"the answer to {response.request.url} is not JSON: is this a remediator "
+                f"server? It begins {response.text[:80]!r}",
+            ) from None
 
     def get(self, path: str, **params: Any) -> Any:
         clean = {key: value for key, value in params.items() if value is not None}
@@ -57,6 +80,10 @@ class Client:
 
     def breaker(self) -> Any:
         return self.get("/api/v1/breaker")
+
+    def fleet(self) -> Any:
+        """Every GPU node as remediator sees it, budgets, the breaker and held steps."""
+        return self.get("/api/v1/fleet")
 
     def reset_breaker(self, comment: str) -> Any:
         return self.post("/api/v1/breaker/reset", {"comment": comment})

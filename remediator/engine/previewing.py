@@ -38,7 +38,8 @@ class Previewer:
     async def plan_payload(self, payload: alerts.WebhookPayload) -> list[dict[str, Any]]:
         """Every alert's plan. The guards' verdicts of all of them are read in one transaction
         (one per alert and playbook queued behind every write, and took seconds)."""
-        drafts = [await self._draft(alert) for alert in payload.alerts]
+        repeats = await self._repeats(payload.alerts)
+        drafts = [await self._draft(alert) for alert in payload.alerts if id(alert) not in repeats]
         wanted = {
             (playbook.name, new.node): (playbook.guards.apply(self.guards), new.node)
             for _, matched in drafts
@@ -46,7 +47,11 @@ class Previewer:
             if new.status is not runs.RunStatus.FAILED
         }
         verdicts = await self._verdicts(wanted)
-        planned = []
+        planned = {
+            id(alert): _alert_plan(alert, [], repeat=repeats[id(alert)])
+            for alert in payload.alerts
+            if id(alert) in repeats
+        }
         for alert, matched in drafts:
             plans = [
                 await self._plan_run(
@@ -58,8 +63,25 @@ class Previewer:
                 )
                 for playbook, new in matched
             ]
-            planned.append(_alert_plan(alert, plans))
-        return planned
+            planned[id(alert)] = _alert_plan(alert, plans)
+        return [planned[id(alert)] for alert in payload.alerts]
+
+    async def _repeats(self, given: list[alerts.Alert]) -> dict[int, str]:
+        """The firing alerts intake would deduplicate (an episode with their fingerprint and
+        start exists: a repeat changes nothing and starts no run), each with what exists."""
+        firing = [a for a in given if a.status is alerts.AlertStatus.FIRING]
+        if self.store is None or not firing:
+            return {}
+
+        def find(tx: store.Tx) -> dict[int, str]:
+            found = {}
+            for alert in firing:
+                episode = tx.find_episode(alert.fingerprint, alert.starts_at)
+                if episode is not None:
+                    found[id(alert)] = _repeat_note(episode, tx.runs_of_episode(episode.id))
+            return found
+
+        return await self.store.read("plan.repeats", find)
 
     async def _draft(
         self, alert: alerts.Alert
@@ -269,11 +291,23 @@ class Previewer:
         return await self.store.read("plan", snapshots)
 
 
-def _alert_plan(alert: alerts.Alert, plans: list[dict[str, Any]]) -> dict[str, Any]:
+def _repeat_note(episode: records.Episode, existing: list[records.Run]) -> str:
+    runs_text = ", ".join(f"#{r.id} {r.playbook} {r.status.value}" for r in existing)
+    return (
+        f"deduplicated: a repeat of episode {episode.id} (first received "
+        f"{episode.created_at:%Y-%m-%d %H:%M:%S} UTC); it changes nothing and starts no run. "
+        + (f"The episode's runs: {runs_text}" if runs_text else "The episode has no runs.")
+    )
+
+
+def _alert_plan(
+    alert: alerts.Alert, plans: list[dict[str, Any]], *, repeat: str = ""
+) -> dict[str, Any]:
     resolved = alert.status is alerts.AlertStatus.RESOLVED
     return {
         "alert": alerts.describe(alert),
         "resolved": resolved,
         "note": "a resolved alert starts nothing" if resolved else "",
+        "deduplicated": repeat,
         "playbooks": plans,
     }

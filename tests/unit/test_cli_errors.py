@@ -94,10 +94,10 @@ def test_a_bad_tokens_file_names_each_problem_and_no_token(tmp_path, capsys):
     assert "Traceback" not in err
 
 
-def test_a_plan_without_cluster_settings_says_it_shows_no_live_state(tmp_path, capsys):
+def _plan(tmp_path, *extra):
     from tests.conftest import AM_FIXTURES, ROOT
 
-    code = cli.main(
+    return cli.main(
         [
             "plan",
             "--alert",
@@ -106,9 +106,26 @@ def test_a_plan_without_cluster_settings_says_it_shows_no_live_state(tmp_path, c
             f"sqlite+aiosqlite:///{tmp_path / 'absent.db'}",
             "--rules",
             str(ROOT / "rules"),
+            *extra,
         ]
     )
+
+
+def test_a_plan_without_cluster_settings_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("REMEDIATOR_KUBERNETES__MODE", raising=False)
+    code = _plan(tmp_path)
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 1
+    assert "no `kubernetes` setting" in captured.err
+    assert "--offline" in captured.err
+
+
+def test_an_offline_plan_says_it_shows_no_live_state(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("REMEDIATOR_KUBERNETES__MODE", raising=False)
+    code = _plan(tmp_path, "--offline", "--output", "json")
     captured = capsys.readouterr()
     assert code == 0
     assert "not configured (no live state)" in captured.out
-    assert "no `kubernetes` setting" in captured.err
+    assert "--offline, so the plan shows no live state" in captured.err

@@ -453,6 +453,11 @@ class SqlTx:
         row = self.conn.execute(_GET_EPISODE, {"w_id": episode_id}).one_or_none()
         return episode_from_row(row) if row else None
 
+    def find_episode(self, fingerprint: str, starts_at: dt.datetime) -> records.Episode | None:
+        query = sa.select(E).where(E.c.fingerprint == fingerprint, E.c.starts_at == starts_at)
+        row = self.conn.execute(query).one_or_none()
+        return episode_from_row(row) if row else None
+
     # -- runs and steps --------------------------------------------------------------------
 
     def insert_run(self, new: records.NewRun, *, actor: str) -> int | None:

@@ -127,6 +127,10 @@ class MemoryTx(fleet.FleetTx):
         episode = self.tables.episodes.get(episode_id)
         return tables.detached_episode(episode) if episode else None
 
+    def find_episode(self, fingerprint: str, starts_at: dt.datetime) -> records.Episode | None:
+        episode_id = self.tables.episode_keys.get((fingerprint, tables.utc_now(starts_at)))
+        return self.get_episode(episode_id) if episode_id is not None else None
+
     def store_delivery(self, principal: str | None) -> int:
         """A new delivery's id; who sent it is kept (its body is not)."""
         delivery_id = self.next_id("deliveries")

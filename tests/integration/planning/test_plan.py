@@ -119,3 +119,53 @@ async def test_a_plan_of_more_alerts_than_a_plan_takes_is_refused_at_once(make_h
     )
     assert response.status == 200, await response.text()
     assert len((await response.json())["alerts"]) == 20
+
+
+LABEL_PLAYBOOK = """
+name: mark-hot
+match: {alertname: GPUTemperatureHigh}
+steps:
+  - id: mark
+    action: node.label
+    params: {labels: {nvidia.com/mig.strategy: mixed, remediator.io/hot: "true"}}
+"""
+
+
+async def _plan(h) -> dict:
+    response = await h.client.post(
+        "/api/v1/plan",
+        data=am_fixture("GPUTemperatureHigh-firing-2alerts"),
+        headers={"Content-Type": "application/json"},
+    )
+    assert response.status == 200, await response.text()
+    return await response.json()
+
+
+async def test_a_label_plan_shows_the_value_the_node_has_now_as_previous(make_harness, sim):
+    h = await make_harness(
+        LABEL_PLAYBOOK, kubernetes={"mode": "url", "url": sim.url, "token": sim.token}
+    )
+    [mark] = (await _plan(h))["alerts"][0]["playbooks"][0]["steps"]
+    state = mark["preview"]["state"]
+    assert mark["preview"]["already_in_place"] is False
+    assert state["set"] == {"nvidia.com/mig.strategy": "mixed", "remediator.io/hot": "true"}
+    assert state["previous"] == {"nvidia.com/mig.strategy": "single", "remediator.io/hot": None}
+
+
+async def test_an_alert_already_received_plans_no_new_run_and_names_the_existing_one(
+    make_harness, sim
+):
+    h = await make_harness(PLAYBOOK, kubernetes={"mode": "url", "url": sim.url, "token": sim.token})
+    before = await _plan(h)
+    assert all(not a["deduplicated"] and a["playbooks"] for a in before["alerts"])
+    await h.post(am_fixture("GPUTemperatureHigh-firing-2alerts"))
+    await h.settle()
+    runs = await h.runs()
+    after = await _plan(h)
+    for alert in after["alerts"]:
+        assert alert["playbooks"] == []
+        assert alert["deduplicated"].startswith("deduplicated: a repeat of episode ")
+        assert "starts no run" in alert["deduplicated"]
+    named = " ".join(a["deduplicated"] for a in after["alerts"])
+    assert all(f"#{run['id']} hot-then-drain" in named for run in runs)
+    assert len(await h.runs()) == len(runs)  # planning changed nothing

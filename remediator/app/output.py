@@ -1,0 +1,318 @@
+"""What the operator commands print: aligned tables for people, JSON or YAML for programs.
+
+``table`` is the default on a terminal and JSON everywhere else (a pipe, a file, a script), so
+``remediator runs list | jq`` works without an option. Tables show what an on-call engineer
+reads first and leave the rest to ``--output json``. The renderers accept the API's field
+names in camelCase and snake_case alike.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TextIO
+
+import yaml
+
+FORMATS = ("table", "json", "yaml")
+MAX_CELL = 60
+
+
+def default_format(stream: TextIO) -> str:
+    """``table`` on a terminal, ``json`` anywhere else."""
+    try:
+        return "table" if stream.isatty() else "json"
+    except ValueError:  # a closed stream
+        return "json"
+
+
+def render(value: Any, *, fmt: str, kind: str) -> str:
+    """``value`` (an API answer of ``kind``) as text in ``fmt`` (one of ``FORMATS``)."""
+    if fmt == "json":
+        return json.dumps(value, indent=2, sort_keys=True)
+    if fmt == "yaml":
+        return yaml.safe_dump(value, sort_keys=False, allow_unicode=True).rstrip("\n")
+    renderer = _TABLES.get(kind, key_values)
+    return renderer(value)
+
+
+def field(item: Mapping[str, Any], name: str, default: Any = None) -> Any:
+    """``item[name]`` given in camelCase, found in camelCase or snake_case."""
+    if name in item:
+        return item[name]
+    snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
+    return item.get(snake, default)
+
+
+def cell(value: Any) -> str:
+    if value is None or value == "" or value == [] or value == {}:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, Mapping):
+        text = ", ".join(f"{k}={v}" for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        text = ", ".join(str(v) for v in value)
+    else:
+        text = " ".join(str(value).split())
+    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def table(headers: list[str], rows: Iterable[Iterable[Any]]) -> str:
+    """Columns aligned on the widest cell; the last column is not padded."""
+    cells = [headers, *([cell(v) for v in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        padded = [text.ljust(width) for text, width in zip(row[:-1], widths, strict=False)]
+        lines.append("  ".join([*padded, row[-1]]).rstrip())
+    return "\n".join(lines)
+
+
+def when(value: Any) -> str:
+    """An ISO timestamp as ``YYYY-MM-DD HH:MM:SS`` UTC (seconds are enough on a terminal)."""
+    if not isinstance(value, str):
+        return cell(value)
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    if parsed.tzinfo is not None:
+        parsed = parsed.astimezone(dt.UTC)
+    return parsed.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def key_values(value: Any) -> str:
+    """A mapping as ``key: value`` lines (nested values as compact JSON)."""
+    if not isinstance(value, Mapping):
+        return json.dumps(value, indent=2, sort_keys=True)
+    width = max((len(str(k)) for k in value), default=0)
+    lines = []
+    for key, item in value.items():
+        shown = (
+            json.dumps(item, sort_keys=True)
+            if isinstance(item, Mapping | list)
+            else cell(item)
+            if item is None or isinstance(item, bool)
+            else str(item)
+        )
+        lines.append(f"{str(key) + ':':<{width + 1}} {shown}")
+    return "\n".join(lines)
+
+
+def runs_table(page: Mapping[str, Any]) -> str:
+    items = page.get("items") or []
+    if not items:
+        return "no runs"
+    text = table(
+        ["ID", "STATUS", "PLAYBOOK", "NODE", "GPU", "CREATED (UTC)", "REASON"],
+        (
+            [
+                field(r, "id"),
+                field(r, "status"),
+                field(r, "playbook"),
+                field(r, "node"),
+                field(r, "gpu"),
+                when(field(r, "createdAt")),
+                field(r, "reason"),
+            ]
+            for r in items
+        ),
+    )
+    cursor = field(page, "nextCursor")
+    if cursor:
+        text += f"\n(more: add --cursor {cursor})"
+    return text
+
+
+def _approvals(step: Mapping[str, Any]) -> str:
+    if not field(step, "requiresApproval"):
+        return "-"
+    return f"{field(step, 'approvalsGiven', '?')}/{field(step, 'approvalsRequired', 1)}"
+
+
+def run_detail(run: Mapping[str, Any]) -> str:
+    alert = field(run, "alert") or {}
+    head = {
+        "run": f"#{field(run, 'id')} {field(run, 'playbook')} ({field(run, 'kind')})",
+        "status": field(run, "status"),
+        "node": f"{cell(field(run, 'node'))} GPU {cell(field(run, 'gpu'))}",
+        "alert": f"{alert.get('alertname')} ({alert.get('status')})" if alert else None,
+        "reason": field(run, "reason"),
+        "created": when(field(run, "createdAt")),
+        "finished": when(field(run, "finishedAt")),
+        "dry run": field(run, "dryRun"),
+    }
+    parts = ["\n".join(f"{k + ':':<9} {cell(v)}" for k, v in head.items())]
+    steps = field(run, "steps") or []
+    approvals = field(run, "approvals") or []
+    given: dict[Any, int] = {}
+    for approval in approvals:
+        given[field(approval, "stepId")] = given.get(field(approval, "stepId"), 0) + 1
+    if steps:
+        parts.append(
+            table(
+                ["STEP", "KEY", "ACTION", "STATUS", "APPROVALS", "ATTEMPT", "ERROR"],
+                (
+                    [
+                        field(s, "id"),
+                        field(s, "key"),
+                        field(s, "action"),
+                        field(s, "status"),
+                        _approvals({**s, "approvalsGiven": given.get(field(s, "id"), 0)}),
+                        f"{field(s, 'attempt', 0)}/{field(s, 'maxAttempts', '?')}",
+                        field(s, "error"),
+                    ]
+                    for s in steps
+                ),
+            )
+        )
+    if approvals:
+        parts.append(
+            table(
+                ["STEP", "DECISION", "BY", "AT (UTC)", "COMMENT"],
+                (
+                    [
+                        field(a, "stepId"),
+                        field(a, "decision"),
+                        field(a, "principal"),
+                        when(field(a, "at")),
+                        field(a, "comment"),
+                    ]
+                    for a in approvals
+                ),
+            )
+        )
+    children = field(run, "childRuns") or []
+    if children:
+        shown = ", ".join(f"#{c.get('id')} {c.get('kind')} {c.get('status')}" for c in children)
+        parts.append(f"linked runs: {shown}")
+    waiting = [s for s in steps if field(s, "status") == "waiting_approval"]
+    for step in waiting:
+        parts.append(
+            f"waiting for approval: remediator runs approve {field(run, 'id')} "
+            f"{field(step, 'id')} --comment '…'"
+        )
+    return "\n\n".join(parts)
+
+
+def breaker(state: Mapping[str, Any]) -> str:
+    if not field(state, "open"):
+        lines = ["breaker: closed (remediation runs)"]
+    else:
+        lines = [f"breaker: OPEN — {cell(field(state, 'reason'))}"]
+        lines.append("close it: remediator breaker reset --comment '…'")
+    rest = {k: v for k, v in state.items() if k not in ("open", "reason")}
+    if rest:
+        lines.append(key_values(rest))
+    return "\n".join(lines)
+
+
+def fleet(view: Mapping[str, Any]) -> str:
+    """``GET /api/v1/fleet``: nodes, budgets, breaker, held steps."""
+    nodes = field(view, "nodes") or []
+    parts = [
+        table(
+            ["NODE", "POOL", "STATE", "CORDONED", "RUNS", "CAPPED GPUS", "LABELS"],
+            (
+                [
+                    field(n, "name"),
+                    field(n, "pool"),
+                    field(n, "state"),
+                    field(n, "cordoned"),
+                    [f"#{r}" for r in field(n, "runs") or []],
+                    field(n, "cappedGpus"),
+                    field(n, "labels"),
+                ]
+                for n in nodes
+            ),
+        )
+        if nodes
+        else "no GPU nodes"
+    ]
+    budgets = field(view, "budgets") or []
+    if budgets:
+        parts.append(
+            table(
+                ["POOL", "DISRUPTED", "ALLOWED"],
+                (
+                    [field(b, "pool") or "(all)", field(b, "used"), field(b, "allowed")]
+                    for b in budgets
+                ),
+            )
+        )
+    parts.append(breaker(field(view, "breaker") or {}).split("\n", 1)[0])
+    held = field(view, "held") or []
+    if held:
+        parts.append(
+            "held steps:\n"
+            + table(
+                ["RUN", "STEP", "ACTION", "NODE", "REASON"],
+                (
+                    [
+                        field(h, "run"),
+                        field(h, "step"),
+                        field(h, "action"),
+                        field(h, "node"),
+                        field(h, "reason"),
+                    ]
+                    for h in held
+                ),
+            )
+        )
+    else:
+        parts.append("held steps: none")
+    return "\n\n".join(parts)
+
+
+def _plan_step(step: Mapping[str, Any]) -> list[Any]:
+    preview = field(step, "preview") or {}
+    would = preview.get("would") if isinstance(preview, Mapping) else preview
+    guard = field(step, "guard")
+    verdict = None
+    if isinstance(guard, Mapping):
+        verdict = "go" if guard.get("go") else f"held: {guard.get('reason')}"
+    return [
+        field(step, "key"),
+        field(step, "action"),
+        "yes" if field(step, "requiresApproval") else "-",
+        verdict,
+        field(step, "error") or would or ("disabled" if not field(step, "enabled", True) else ""),
+    ]
+
+
+def plan(result: Mapping[str, Any]) -> str:
+    parts = [f"cluster: {field(result, 'cluster')}; guards: {field(result, 'guards')}"]
+    for alert in field(result, "alerts") or []:
+        lines = [f"alert: {field(alert, 'alert')}"]
+        for note in (field(alert, "note"), field(alert, "deduplicated")):
+            if note:
+                lines.append(f"  {note}")
+        playbooks = field(alert, "playbooks") or []
+        if not playbooks and not field(alert, "deduplicated"):
+            lines.append("  no playbook matches: nothing would run")
+        for found in playbooks:
+            lines.append(
+                f"  playbook {field(found, 'playbook')} on {cell(field(found, 'node'))} "
+                f"GPU {cell(field(found, 'gpu'))}: would be {field(found, 'status')}"
+                + (f" ({field(found, 'reason')})" if field(found, "reason") else "")
+            )
+            steps = field(found, "steps") or []
+            if steps:
+                rendered = table(
+                    ["STEP", "ACTION", "APPROVAL", "GUARDS", "WOULD"],
+                    (_plan_step(s) for s in steps),
+                )
+                lines.extend("    " + line for line in rendered.splitlines())
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+_TABLES: dict[str, Callable[[Any], str]] = {
+    "runs": runs_table,
+    "run": run_detail,
+    "breaker": breaker,
+    "fleet": fleet,
+    "plan": plan,
+}

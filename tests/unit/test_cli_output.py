@@ -1,0 +1,171 @@
+"""What the operator commands print: an aligned table on a terminal, JSON in a pipe, YAML on
+request; ``remediator status`` renders the fleet view a server answers."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+
+import pytest
+import yaml
+from aiohttp import web
+
+from remediator import cli
+from remediator.app import output
+
+FLEET = {
+    "nodes": [
+        {
+            "name": "gpu-node-01",
+            "pool": "a100",
+            "state": "healthy",
+            "runs": [],
+            "cappedGpus": [],
+            "labels": {},
+            "cordoned": False,
+        },
+        {
+            "name": "gpu-node-03",
+            "pool": "h100",
+            "state": "cordoned by run 7",
+            "runs": [7],
+            "cappedGpus": ["3"],
+            "labels": {"remediator.io/faulty": "xid-79"},
+            "cordoned": True,
+        },
+    ],
+    "budgets": [{"pool": "h100", "used": 1, "allowed": 1}],
+    "breaker": {"open": True, "reason": "5 disruptive runs in 10m0s"},
+    "held": [
+        {
+            "run": 9,
+            "step": 31,
+            "action": "node.drain",
+            "node": "gpu-node-04",
+            "reason": "pool h100: 1 of 1 nodes disrupted",
+        }
+    ],
+}
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_gets_a_table_and_a_pipe_gets_json():
+    assert output.default_format(_Tty()) == "table"
+    assert output.default_format(io.StringIO()) == "json"
+
+
+def test_a_runs_page_is_an_aligned_table_with_the_next_page_named():
+    page = {
+        "items": [
+            {
+                "id": 12,
+                "status": "waiting_approval",
+                "playbook": "gpu-xid-error",
+                "node": "gpu-node-03",
+                "gpu": "3",
+                "createdAt": "2026-12-03T07:00:01.123456+00:00",
+                "reason": None,
+            },
+            {"id": 3, "status": "succeeded", "playbook": "gpu-temperature-high"},
+        ],
+        "nextCursor": "3",
+    }
+    lines = output.render(page, fmt="table", kind="runs").splitlines()
+    assert lines[0].startswith("ID  STATUS")
+    assert lines[0].endswith("CREATED (UTC)        REASON")
+    assert lines[1].split()[:5] == ["12", "waiting_approval", "gpu-xid-error", "gpu-node-03", "3"]
+    assert "2026-12-03 07:00:01" in lines[1]
+    # columns line up: each row's playbook starts where the header's does
+    assert lines[1].index("gpu-xid-error") == lines[0].index("PLAYBOOK")
+    assert lines[2].index("gpu-temperature-high") == lines[0].index("PLAYBOOK")
+    assert lines[-1] == "(more: add --cursor 3)"
+
+
+def test_a_run_waiting_for_approval_says_how_to_approve_it():
+    run = {
+        "id": 12,
+        "playbook": "gpu-xid-error",
+        "kind": "alert",
+        "status": "waiting_approval",
+        "node": "gpu-node-03",
+        "steps": [
+            {"id": 40, "key": "cordon", "action": "node.cordon", "status": "succeeded"},
+            {
+                "id": 41,
+                "key": "drain",
+                "action": "node.drain",
+                "status": "waiting_approval",
+                "requiresApproval": True,
+                "approvalsRequired": 2,
+            },
+        ],
+        "approvals": [{"stepId": 41, "decision": "approved", "principal": "alice"}],
+    }
+    text = output.render(run, fmt="table", kind="run")
+    drain = next(line for line in text.splitlines() if line.startswith("41"))
+    assert "1/2" in drain
+    cordon = next(line for line in text.splitlines() if line.startswith("40"))
+    assert "1/" not in cordon  # a step that needs no approval shows none
+    assert "remediator runs approve 12 41 --comment" in text
+
+
+async def _fleet_server(aiohttp_server, answer=None, status=200):
+    seen = []
+
+    async def fleet(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response(answer if answer is not None else FLEET, status=status)
+
+    app = web.Application()
+    app.router.add_get("/api/v1/fleet", fleet)
+    server = await aiohttp_server(app)
+    return f"127.0.0.1:{server.port}", seen
+
+
+async def test_status_prints_the_fleet_as_a_table(aiohttp_server, capsys):
+    where, seen = await _fleet_server(aiohttp_server)
+    argv = ["status", "--server", where, "--token", "t0ken", "--output", "table"]
+    assert await asyncio.to_thread(cli.main, argv) == 0
+    out = capsys.readouterr().out
+    assert seen == ["Bearer t0ken"]
+    node = next(line for line in out.splitlines() if line.startswith("gpu-node-03"))
+    assert node.split()[:6] == ["gpu-node-03", "h100", "cordoned", "by", "run", "7"]
+    assert "#7" in node
+    assert "remediator.io/faulty=xid-79" in node
+    assert "breaker: OPEN — 5 disruptive runs in 10m0s" in out
+    held = next(line for line in out.splitlines() if line.startswith("9 "))
+    assert held.split()[:4] == ["9", "31", "node.drain", "gpu-node-04"]
+    assert "pool h100: 1 of 1 nodes disrupted" in held
+    budget = next(line for line in out.splitlines() if line.startswith("h100 "))
+    assert budget.split() == ["h100", "1", "1"]
+
+
+@pytest.mark.parametrize(("fmt", "load"), [("json", json.loads), ("yaml", yaml.safe_load)])
+async def test_status_in_json_or_yaml_is_the_server_answer(aiohttp_server, capsys, fmt, load):
+    where, _ = await _fleet_server(aiohttp_server)
+    assert await asyncio.to_thread(cli.main, ["status", "--server", where, "-o", fmt]) == 0
+    assert load(capsys.readouterr().out) == FLEET
+
+
+async def test_status_of_a_calm_fleet_says_so(aiohttp_server, capsys):
+    calm = {"nodes": [], "budgets": [], "breaker": {"open": False}, "held": []}
+    where, _ = await _fleet_server(aiohttp_server, calm)
+    assert await asyncio.to_thread(cli.main, ["status", "--server", where, "-o", "table"]) == 0
+    out = capsys.readouterr().out
+    assert "no GPU nodes" in out
+    assert "breaker: closed" in out
+    assert "held steps: none" in out
+
+
+async def test_an_api_error_is_its_code_and_message_on_one_line(aiohttp_server, capsys):
+    where, _ = await _fleet_server(
+        aiohttp_server, {"error": {"code": "forbidden", "message": "needs read"}}, status=403
+    )
+    assert await asyncio.to_thread(cli.main, ["status", "--server", where]) == 1
+    err = capsys.readouterr().err
+    assert err == "remediator: HTTP 403: forbidden: needs read\n"
