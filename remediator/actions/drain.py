@@ -68,6 +68,18 @@ class Plan:
     warnings: dict[str, str]
 
 
+def _pod_summary(pod: port.PodInfo) -> dict[str, Any]:
+    """A pod a plan would evict: who owns it (what recreates it) and its GPUs."""
+    owner = pod.controller or (pod.owners[0] if pod.owners else None)
+    return {
+        "key": pod.key,
+        "namespace": pod.namespace,
+        "name": pod.name,
+        "owner": f"{owner.kind}/{owner.name}" if owner else None,
+        "gpus": pod.gpu_requests,
+    }
+
+
 def decide(pod: port.PodInfo, params: EvictionParams, *, now: dt.datetime) -> Decision:
     """kubectl's filter chain for one pod (``pkg/drain/filters.go``)."""
     finished = pod.phase in FINISHED
@@ -302,15 +314,23 @@ class DrainAction(actions.Action[DrainParams]):
         except errors.RemediatorError as e:
             return out | {"state_error": str(e)}
         blocking: dict[str, list[str]] = {}
+        covering: dict[str, dict[str, Any]] = {}
         for pod in plan.evict:
             for pdb in pdbs:
-                selects = pdb.namespace == pod.namespace and pdb_selects(pdb, pod.labels)
-                if selects and (pdb.disruptions_allowed or 0) < 1:
-                    blocking.setdefault(f"{pdb.namespace}/{pdb.name}", []).append(pod.key)
+                if pdb.namespace != pod.namespace or not pdb_selects(pdb, pod.labels):
+                    continue
+                key = f"{pdb.namespace}/{pdb.name}"
+                allowed = pdb.disruptions_allowed or 0
+                covering.setdefault(key, {"key": key, "allowed": allowed, "pods": []})
+                covering[key]["pods"].append(pod.key)
+                if allowed < 1:
+                    blocking.setdefault(key, []).append(pod.key)
         return out | {
             "node": node.name,
             "cordoned": node.unschedulable,
             "evict": [pod.key for pod in plan.evict],
+            "pods": [_pod_summary(pod) for pod in plan.evict],
+            "pdbs": list(covering.values()),
             "skipped": plan.skipped,
             "refused": plan.errors,
             "warnings": plan.warnings,

@@ -196,7 +196,9 @@ def test_operator_approves_a_pending_drain_and_an_auditor_cannot(server, browser
     assert "gpu-node-03" in row.text
     assert "GPUXidError79" in row.text
     row.find_element(By.LINK_TEXT, "run 1").click()
-    _until(lambda: "research/jupyter-alice" in browser.find_element(By.ID, "plan").text)
+    _until(lambda: "jupyter-alice" in browser.find_element(By.ID, "plan").text)
+    pod = browser.find_element(By.CSS_SELECTOR, "#plan tr.evict-pod")
+    assert pod.text.split()[:2] == ["research", "jupyter-alice"]
     assert browser.find_element(By.ID, "run-status").text == "waiting_approval"
     form = browser.find_element(By.CSS_SELECTOR, "form.decision[action$='/approve']")
     form.find_element(By.NAME, "comment").send_keys("drain approved from the browser")

@@ -13,90 +13,25 @@
 
 from __future__ import annotations
 
-import html
-import importlib.resources
-import json
 import re
-import secrets
-import string
-import urllib.parse
 from typing import Any
 
 from aiohttp import web
 
 from remediator.adapters.db import queries
-from remediator.adapters.http import api, hygiene, runbooks
+from remediator.adapters.http import api, console, hygiene, runbooks, runpage
 from remediator.adapters.http import auth as http_auth
 from remediator.domain import auth, errors
 
 LOGIN_NONCE = "remediator_login"
-_TEMPLATES = importlib.resources.files("remediator.adapters.http").joinpath("templates")
-_LAYOUT = string.Template(_TEMPLATES.joinpath("layout.html").read_text(encoding="utf-8"))
-_RUN_JS = _TEMPLATES.joinpath("run.js").read_text(encoding="utf-8")
 
-esc = html.escape
-
-
-def _page(
-    title: str, body: str, *, who: str = "", status: int = 200, script: str = ""
-) -> web.Response:
-    nonce = secrets.token_urlsafe(16)
-    if script:
-        body += f'\n<script nonce="{nonce}">{script}</script>'
-    text = _LAYOUT.substitute(title=esc(title), who=who, body=body)
-    policy = (
-        f"default-src 'self'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
-        "frame-ancestors 'none'; form-action 'self'"
-    )
-    return web.Response(
-        text=text,
-        content_type="text/html",
-        status=status,
-        headers={"Content-Security-Policy": policy, "X-Content-Type-Options": "nosniff"},
-    )
-
-
-def _viewer(request: web.Request) -> tuple[auth.Principal, str]:
-    principal, via = http_auth.identify(request)
-    if principal is None:
-        raise web.HTTPSeeOther("/runbooks/login")
-    if not principal.can(auth.Permission.READ):
-        raise web.HTTPForbidden(text=f"{principal.name} may not read")
-    return principal, via
-
-
-def _csrf(request: web.Request, principal: auth.Principal, via: str) -> str:
-    return request.app[http_auth.SESSIONS].csrf_token(request, principal, via)
-
-
-def _who(request: web.Request, principal: auth.Principal, via: str) -> str:
-    roles = ", ".join(sorted(role.value for role in principal.roles))
-    logout = ""
-    if via == "cookie":
-        logout = (
-            '<form method="post" action="/runbooks/logout" style="display:inline">'
-            f'<input type="hidden" name="csrf" value="{_csrf(request, principal, via)}">'
-            '<button type="submit">Sign out</button></form>'
-        )
-    return f'<span class="who" id="who">{esc(principal.name)} ({esc(roles)}) {logout}</span>'
-
-
-async def _form(request: web.Request, permission: auth.Permission) -> tuple[Any, auth.Principal]:
-    """The posted form and its principal: who it is and their role are checked before the body
-    is read, its CSRF token after."""
-    principal, via = http_auth.identify(request)
-    if principal is None:
-        raise web.HTTPUnauthorized(text="sign in first")
-    if not principal.can(permission):
-        raise web.HTTPForbidden(text=f"{principal.name} may not {permission.value}")
-    form = await hygiene.read_form(request)
-    token = form.get("csrf")
-    if not isinstance(token, str) or not request.app[http_auth.SESSIONS].check_csrf(
-        request, principal, via, token
-    ):
-        raise web.HTTPForbidden(text="missing or invalid CSRF token")
-    request[http_auth.CSRF_CHECKED] = True
-    return form, http_auth.require(request, permission)
+esc = console.esc
+_page = console.page
+_viewer = console.viewer
+_csrf = console.csrf
+_who = console.who
+_form = console.form
+_link = console.link
 
 
 # -- sign-in -------------------------------------------------------------------------------
@@ -181,14 +116,6 @@ async def logout(request: web.Request) -> web.Response:
 # -- pages ---------------------------------------------------------------------------------
 
 
-def _link(url: str | None, text: str) -> str | None:
-    """A link to an http(s) URL from an alert; anything else (``javascript:``, ``data:``) is
-    never made a link, since alert payloads come from whoever can reach Alertmanager."""
-    if not url or urllib.parse.urlsplit(url).scheme.lower() not in ("http", "https"):
-        return None
-    return f'<a href="{esc(url)}" rel="noreferrer">{text}</a>'
-
-
 def _alert_cell(alert: dict[str, Any] | None) -> str:
     if alert is None:
         return "manual"
@@ -214,7 +141,7 @@ def _approvals_table(items: list[dict[str, Any]]) -> str:
             f"{run['id']}</a></td><td>{esc(run['playbook'])}</td><td>{esc(run['node'] or '')}"
             f"</td><td>{esc(step['key'])} ({esc(step['action'])})</td>"
             f"<td>{len(item['approvals'])} / {step['approvalsRequired']}</td>"
-            f"<td>{_alert_cell(item['alert'])}</td><td>{esc(run['waitingSince'] or '')}</td></tr>"
+            f"<td>{_alert_cell(item['alert'])}</td><td>{console.when(run['waitingSince'])}</td></tr>"
         )
     return (
         '<table id="approvals"><tr><th>run</th><th>playbook</th><th>node</th><th>step</th>'
@@ -229,6 +156,7 @@ def _runbooks_section(request: web.Request, principal: auth.Principal, csrf: str
             f'<label>{esc(name)} <input name="param.{esc(name)}" '
             f'placeholder="{esc(spec.type.value)}"></label> '
             for name, spec in playbook.parameters.items()
+            if name != "node"  # the node field fills it
         )
         form = ""
         if principal.can(auth.Permission.OPERATE):
@@ -252,7 +180,8 @@ async def index(request: web.Request) -> web.Response:
     runs = "".join(
         f'<tr><td><a href="/runbooks/runs/{run["id"]}">{run["id"]}</a></td>'
         f"<td>{esc(run['playbook'])}</td><td>{esc(run['node'] or '')}</td>"
-        f'<td class="status">{esc(run["status"])}</td><td>{esc(run["createdAt"] or "")}</td></tr>'
+        f'<td class="status">{esc(run["status"])}</td>'
+        f"<td>{console.when(run['createdAt'])}</td></tr>"
         for run in recent.items
     )
     body = (
@@ -262,109 +191,44 @@ async def index(request: web.Request) -> web.Response:
         + _runbooks_section(request, principal, csrf)
         + '<h2>Recent runs</h2><table id="recent"><tr><th>run</th><th>playbook</th>'
         + f"<th>node</th><th>status</th><th>created</th></tr>{runs}</table>"
+        + '<p><a href="/runbooks/runs">All runs, with filters</a></p>'
     )
-    return _page("Runbooks", body, who=_who(request, principal, via))
-
-
-def _step_rows(
-    detail: dict[str, Any], playbook: Any, *, can_decide: bool, csrf: str
-) -> tuple[str, str]:
-    rows, plan = [], []
-    for step in detail["steps"]:
-        description = ""
-        if playbook is not None and step["phase"] == "do":
-            try:
-                description = playbook.step(step["key"]).description
-            except KeyError:
-                description = ""
-        decided = [a for a in detail.get("approvals", []) if a["stepId"] == step["id"]]
-        forms = ""
-        if can_decide and step["status"] == "waiting_approval":
-            action = f"/runbooks/runs/{detail['id']}/steps/{step['id']}"
-            forms = "".join(
-                f'<form class="decision" method="post" action="{action}/{verb}">'
-                f'<input type="hidden" name="csrf" value="{csrf}">'
-                f'<textarea name="comment" required placeholder="comment"></textarea><br>'
-                f'<button type="submit" class="{verb}">{verb.capitalize()}</button></form>'
-                for verb in ("approve", "reject")
-            )
-        who = ", ".join(f"{a['principal']} {a['decision']}: {a['comment']}" for a in decided)
-        rows.append(
-            f'<tr id="step-{step["id"]}"><td>{esc(step["key"])}</td><td>{esc(step["action"])}'
-            f'</td><td class="step-status">{esc(step["status"])}</td>'
-            f'<td class="step-progress">{esc(step["error"] or "")}</td>'
-            f"<td>{esc(who)} ({len(decided)} / {step['approvalsRequired']}){forms}</td></tr>"
-        )
-        params = esc(json.dumps(step["params"], sort_keys=True))
-        plan.append(
-            f"<li>{esc(step['key'])}: {esc(step['action'])} {params} {esc(description)}</li>"
-        )
-    return "".join(rows), "".join(plan)
-
-
-async def run_page(request: web.Request) -> web.Response:
-    principal, via = _viewer(request)
-    run_id = api.int_param(request, "run_id")
-    detail = await request.app[api.API].queries.run_detail(run_id)
-    if detail is None:
-        raise errors.NotFound("run not found")
-    playbook = request.app[runbooks.RUNBOOKS].rules.index.get(detail["playbook"])
-    own_manual = detail["kind"] == "manual" and detail["principal"] == principal.name
-    rows, plan = _step_rows(
-        detail,
-        playbook,
-        can_decide=principal.can(auth.Permission.OPERATE) and not own_manual,
-        csrf=_csrf(request, principal, via),
-    )
-    alert = detail.get("alert")
-    origin = (
-        _alert_cell(alert) if alert else "manual, triggered by " + esc(detail["principal"] or "")
-    )
-    body = f"""
-<div id="run" data-api="/api/v1/runs/{run_id}" data-plan="/api/v1/runs/{run_id}/plan">
-<h1>Run {run_id}: {esc(detail["playbook"])}</h1>
-<p>node <strong id="run-node">{esc(detail["node"] or "-")}</strong> · GPU
-{esc(detail["gpu"] or "-")} · status <span class="status" id="run-status">{esc(detail["status"])}
-</span> · {esc(detail["reason"])}{" · dry run" if detail["dryRun"] else ""}</p>
-<p>alert: {origin}</p>
-<h2>Plan</h2><div id="plan"><ul id="plan-fallback">{plan}</ul></div>
-<h2>Steps</h2>
-<table id="steps"><tr><th>step</th><th>action</th><th>status</th><th>progress</th>
-<th>approvals</th></tr>{rows}</table>
-</div>"""
-    return _page(f"Run {run_id}", body, who=_who(request, principal, via), script=_RUN_JS)
+    return _page("Runbooks", body, who=_who(request, principal, via), current="/runbooks")
 
 
 # -- form posts ----------------------------------------------------------------------------
 
 
-def _error_page(error: errors.RemediatorError) -> web.Response:
+def _error_page(error: errors.RemediatorError, *, back: str = "") -> web.Response:
     status = {
         errors.NotFound: 404,
         errors.Conflict: 409,
         errors.Forbidden: 403,
         errors.ValidationFailed: 400,
     }.get(type(error), 500)
-    return _page("Refused", f'<p class="error" id="error">{esc(str(error))}</p>', status=status)
+    return console.error_page(str(error), status=status, back=back)
 
 
 async def _decide(request: web.Request, *, approve: bool) -> web.Response:
     form, principal = await _form(request, auth.Permission.OPERATE)
     run_id = api.int_param(request, "run_id")
+    step_id = api.int_param(request, "step_id")
     comment = str(form.get("comment", "")).strip()
     if not comment:
-        return _error_page(errors.ValidationFailed("a comment is required"))
+        return _error_page(
+            errors.ValidationFailed("a comment is required"), back=f"/runbooks/runs/{run_id}"
+        )
     try:
         await request.app[api.API].decide(
             run_id=run_id,
-            step_id=api.int_param(request, "step_id"),
+            step_id=step_id,
             principal=principal,
             approve=approve,
             comment=comment,
         )
     except errors.RemediatorError as e:
-        return _error_page(e)
-    raise web.HTTPSeeOther(f"/runbooks/runs/{run_id}")
+        return _error_page(e, back=f"/runbooks/runs/{run_id}")
+    raise web.HTTPSeeOther(f"/runbooks/runs/{run_id}?decided={step_id}")
 
 
 async def approve(request: web.Request) -> web.Response:
@@ -414,7 +278,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/runbooks/login", login_form)
     app.router.add_post("/runbooks/login", login)
     app.router.add_post("/runbooks/logout", logout)
-    app.router.add_get("/runbooks/runs/{run_id}", run_page)
+    app.router.add_get("/runbooks/runs/{run_id}", runpage.run_page)
     app.router.add_post("/runbooks/runs/{run_id}/steps/{step_id}/approve", approve)
     app.router.add_post("/runbooks/runs/{run_id}/steps/{step_id}/reject", reject)
     app.router.add_post("/runbooks/{playbook}/trigger", trigger)

@@ -1,20 +1,36 @@
-// Live progress of one run: poll its JSON every second while it is active.
+// Live run page: poll the run's JSON while it is active; when anything moved, fetch this page
+// again and swap in its live parts (the decision card only while no comment is being typed).
 (function () {
   const root = document.getElementById("run");
   const runUrl = root.dataset.api;
-  const planUrl = root.dataset.plan;
   const active = new Set(["pending", "running", "waiting_approval"]);
+  let last = null;
 
-  function summary(output) {
-    if (!output || typeof output !== "object") return "";
-    if (Array.isArray(output.remaining) || Array.isArray(output.evicted)) {
-      const evicted = (output.evicted || []).length;
-      const blocked = Object.keys(output.blocked || {}).length;
-      const remaining = (output.remaining || []).length;
-      return "evicted " + evicted + " · blocked " + blocked + " · remaining " + remaining;
+  function signature(run) {
+    return JSON.stringify([run.status, run.updatedAt, run.steps.map(
+      (s) => [s.status, s.output, s.error, s.finishedAt])]);
+  }
+
+  function typing() {
+    return Array.from(document.querySelectorAll("#decision textarea")).some(
+      (t) => t.value !== "" || t === document.activeElement);
+  }
+
+  async function refresh() {
+    const response = await fetch(location.href, { credentials: "same-origin" });
+    if (!response.ok) return;
+    const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
+    for (const old of document.querySelectorAll("[data-live]")) {
+      if (old.id === "decision" && typing()) continue;
+      const replacement = fresh.getElementById(old.id);
+      if (replacement) old.replaceWith(document.importNode(replacement, true));
     }
-    const text = JSON.stringify(output);
-    return text === "{}" ? "" : text.slice(0, 300);
+    const status = fresh.getElementById("run-status");
+    const current = document.getElementById("run-status");
+    if (status && current) {
+      current.textContent = status.textContent;
+      current.className = status.className;
+    }
   }
 
   async function poll() {
@@ -26,37 +42,14 @@
     } catch (e) {
       return setTimeout(poll, 2000);
     }
-    document.getElementById("run-status").textContent = run.status;
-    let waiting = false;
-    for (const step of run.steps) {
-      const row = document.getElementById("step-" + step.id);
-      if (!row) continue;
-      row.querySelector(".step-status").textContent = step.status;
-      row.querySelector(".step-progress").textContent = step.error || summary(step.output);
-      if (step.status === "waiting_approval") waiting = true;
+    const seen = signature(run);
+    const shown = document.getElementById("run-status").textContent.trim();
+    if ((last !== null && seen !== last) || (last === null && run.status !== shown)) {
+      try { await refresh(); } catch (e) { /* the next change tries again */ }
     }
-    if (!waiting) {
-      document.querySelectorAll("form.decision").forEach((form) => form.remove());
-    }
+    last = seen;
     if (active.has(run.status)) setTimeout(poll, 1000);
   }
 
-  async function plan() {
-    const target = document.getElementById("plan");
-    try {
-      const response = await fetch(planUrl, { credentials: "same-origin" });
-      if (!response.ok) return;
-      const body = await response.json();
-      target.textContent = "";
-      const pre = document.createElement("pre");
-      pre.id = "plan-live";
-      pre.textContent = JSON.stringify(body, null, 2);
-      target.appendChild(pre);
-    } catch (e) {
-      /* keep the steps' own description */
-    }
-  }
-
-  plan();
   poll();
 })();
