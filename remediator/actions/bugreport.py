@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import pydantic
 
-from remediator.actions import clusterops, gpu
+from remediator.actions import clusterops, gpu, hostexec
 from remediator.domain import errors
 from remediator.ports import actions
 from remediator.ports import cluster as port
@@ -63,6 +63,7 @@ def _store(path: pathlib.Path, data: bytes, digest: str) -> None:
     path.with_name(path.name + ".sha256").write_text(f"{digest}  {path.name}\n", encoding="utf-8")
 
 
+@hostexec.scoped_action
 class BugReportAction(actions.Action[BugReportParams]):
     name: ClassVar[str] = "gpu.collect_bug_report"
     description: ClassVar[str] = "Run nvidia-bug-report.sh on the node and store the report."
@@ -88,7 +89,7 @@ class BugReportAction(actions.Action[BugReportParams]):
                 namespace=driver.namespace,
                 pod=driver.pod,
                 container=driver.container,
-                argv=argv,
+                argv=driver.command(argv),
                 timeout=params.timeout_seconds,
             )
         except port.ExecTimedOut as e:
@@ -159,7 +160,7 @@ class BugReportAction(actions.Action[BugReportParams]):
                 namespace=driver.namespace,
                 pod=driver.pod,
                 container=driver.container,
-                argv=["rm", "-f", remote],
+                argv=driver.command(["rm", "-f", remote]),
                 timeout=params.exec_timeout_seconds,
                 idempotent=True,
             )

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import pydantic
 
-from remediator.actions import gpu
+from remediator.actions import gpu, hostexec
 from remediator.domain import errors
 from remediator.ports import actions
 
@@ -98,6 +98,7 @@ class DiagnoseParams(gpu.DriverParams):
     """A test that ends in Warn fails the step too."""
 
 
+@hostexec.scoped_action
 class DiagnoseAction(actions.Action[DiagnoseParams]):
     name: ClassVar[str] = "gpu.diagnose"
     description: ClassVar[str] = (
@@ -209,6 +210,7 @@ def pcie_problems(links: list[PcieLink], params: PcieParams) -> dict[str, str]:
     return problems
 
 
+@hostexec.scoped_action
 class VerifyPcieAction(actions.Action[PcieParams]):
     name: ClassVar[str] = "gpu.verify_pcie"
     description: ClassVar[str] = (

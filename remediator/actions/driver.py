@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Literal
 import httpx
 import pydantic
 
-from remediator.actions import clusterops, drain, gpu, health, kube, validation
+from remediator.actions import clusterops, drain, gpu, health, hostexec, kube, validation
 from remediator.domain import errors, guards
 from remediator.ports import actions
 from remediator.ports import cluster as port
@@ -95,6 +95,11 @@ async def _mark(ctx: actions.ActionContext, node: str, value: str | None) -> Non
 
 async def driver_versions(ctx: actions.ActionContext, params: gpu.DriverParams) -> list[str]:
     """The driver version each GPU reports, read in a Ready driver pod; [] while none is."""
+    async with hostexec.scope():
+        return await _driver_versions(ctx, params)
+
+
+async def _driver_versions(ctx: actions.ActionContext, params: gpu.DriverParams) -> list[str]:
     try:
         _, driver = await gpu.find_driver(ctx, params)
     except errors.ActionFailed as e:

@@ -30,7 +30,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import pydantic
 
-from remediator.actions import clusterops, validation
+from remediator.actions import clusterops, hostexec, validation
 from remediator.domain import errors
 from remediator.ports import actions
 from remediator.ports import cluster as port
@@ -66,17 +66,40 @@ class DriverParams(validation.Model):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Driver:
+    """Where a node's GPU commands run: its driver pod, or a host pod (see ``hostexec``)."""
+
     node: str
     namespace: str
     pod: str
     container: str
+    prefix: tuple[str, ...] = ()
+    """Put before each command's argv (``chroot /host`` in a host pod)."""
+    host_pod: bool = False
+
+    def command(self, argv: list[str]) -> list[str]:
+        return [*self.prefix, *argv]
 
 
 async def find_driver(
     ctx: actions.ActionContext, params: DriverParams
 ) -> tuple[port.NodeInfo, Driver]:
+    """The node and where its GPU commands run. A node in a ``host_pod`` pool gets the exec
+    scope's host pod (created and Ready on first use; callers run in ``hostexec.scoped``)."""
     cluster = ctx.require_cluster()
     node = await clusterops.gpu_node(cluster, clusterops.target_node(ctx, params.node))
+    pool = hostexec.host_pool(hostexec.config(ctx), node)
+    if pool is not None:
+        host = await hostexec.acquire(
+            ctx, pool, node.name, default_namespace=cluster.driver_namespace
+        )
+        return node, Driver(
+            node=node.name,
+            namespace=host.namespace,
+            pod=host.name,
+            container=hostexec.CONTAINER,
+            prefix=host.prefix,
+            host_pod=True,
+        )
     namespace = params.driver_namespace or cluster.driver_namespace
     with clusterops.cluster_errors(f"finding the GPU driver pod on {node.name}"):
         pod = await cluster.find_driver_pod(
@@ -109,7 +132,7 @@ async def run(
             namespace=driver.namespace,
             pod=driver.pod,
             container=driver.container,
-            argv=argv,
+            argv=driver.command(argv),
             timeout=timeout,
             idempotent=idempotent,
         )
@@ -361,6 +384,7 @@ def undo_plan(
     return restore, left_alone
 
 
+@hostexec.scoped_action
 class PowerCapAction(actions.Action[PowerCapParams]):
     name: ClassVar[str] = "gpu.power_cap"
     description: ClassVar[str] = "Cap GPU power limits with nvidia-smi -pl; undo restores them."

@@ -38,7 +38,7 @@ from typing import Annotated, Any, ClassVar
 
 import pydantic
 
-from remediator.actions import clusterops, drain, gpu, validation
+from remediator.actions import clusterops, drain, gpu, hostexec, validation
 from remediator.domain import errors
 from remediator.ports import actions
 from remediator.ports import cluster as port
@@ -128,6 +128,7 @@ def alert_workload(labels: Mapping[str, str]) -> tuple[str | None, str]:
     return None, "the alert names no pod (pod/exported_pod labels)"
 
 
+@hostexec.scoped_action
 class GpuDrainAction(actions.Action[GpuDrainParams]):
     name: ClassVar[str] = "gpu.drain_workloads"
     description: ClassVar[str] = (

@@ -18,7 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import pydantic
 
-from remediator.actions import clusterops, gpu, validation
+from remediator.actions import clusterops, gpu, hostexec, validation
 from remediator.domain import errors
 from remediator.ports import actions
 from remediator.ports import cluster as port
@@ -168,6 +168,7 @@ def _expected_count(node: port.NodeInfo, label: str | None) -> int | None:
     return int(raw) if raw and raw.isdigit() else None
 
 
+@hostexec.scoped_action
 class VerifyHealthyAction(actions.Action[VerifyParams]):
     name: ClassVar[str] = "gpu.verify_healthy"
     description: ClassVar[str] = (
@@ -447,8 +448,9 @@ class HealthReportAction(actions.Action[HealthReportParams]):
             exec_timeout_seconds=params.exec_timeout_seconds,
         )
         try:
-            _, driver = await gpu.find_driver(ctx, driver_params)
-            gpus, lost, exit_code = await query_health(ctx, driver, params.exec_timeout_seconds)
+            async with hostexec.scope():  # one host pod per node, deleted before the next
+                _, driver = await gpu.find_driver(ctx, driver_params)
+                gpus, lost, exit_code = await query_health(ctx, driver, params.exec_timeout_seconds)
         except errors.ActionFailed as e:
             return {
                 "node": name,

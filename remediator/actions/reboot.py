@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Literal
 import httpx
 import pydantic
 
-from remediator.actions import clusterops, gpu, ladder
+from remediator.actions import clusterops, gpu, hostexec, ladder
 from remediator.domain import errors, ladders
 from remediator.ports import actions
 from remediator.ports import cluster as port
@@ -162,12 +162,18 @@ def reboot_pod(
     }
 
 
-async def _ready_driver(ctx: actions.ActionContext, params: RebootParams, node: str) -> str | None:
-    """The node's GPU driver pod once it is Ready again (its containers pass readiness)."""
+async def _ready_driver(
+    ctx: actions.ActionContext, params: RebootParams, node: port.NodeInfo
+) -> str | None:
+    """The node's GPU driver pod once it is Ready again (its containers pass readiness); on a
+    node whose driver is on the host (a ``host_pod`` pool) there is none to wait for."""
+    if hostexec.host_pool(hostexec.config(ctx), node) is not None:
+        return "host driver"
     cluster = ctx.require_cluster()
-    with clusterops.cluster_errors(f"finding the GPU driver pod on {node}"):
+    node_name = node.name
+    with clusterops.cluster_errors(f"finding the GPU driver pod on {node_name}"):
         pod = await cluster.find_driver_pod(
-            node,
+            node_name,
             namespace=params.driver_namespace or cluster.driver_namespace,
             selector=params.driver_selector,
         )
@@ -185,7 +191,7 @@ async def wait_back(
         node = await _node(ctx, name)
         went_down = went_down or node.ready is not True or node.boot_id != boot_id
         if went_down and node.ready is True:
-            driver = await _ready_driver(ctx, params, name)
+            driver = await _ready_driver(ctx, params, node)
             if driver is not None:
                 return {"boot_id": node.boot_id, "driver_pod": driver}
         if time.monotonic() >= deadline:

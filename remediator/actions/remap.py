@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Literal
 
-from remediator.actions import gpu, ladder, validation
+from remediator.actions import gpu, hostexec, ladder, validation
 from remediator.domain import errors, ladders
 from remediator.ports import actions
 
@@ -98,6 +98,7 @@ class RemapParams(gpu.DriverParams):
     """Raise this run's ladder rung: pending → reset, failure → replace."""
 
 
+@hostexec.scoped_action
 class RowRemapStatusAction(actions.Action[RemapParams]):
     name: ClassVar[str] = "gpu.row_remap_status"
     description: ClassVar[str] = (

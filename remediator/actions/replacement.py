@@ -21,7 +21,16 @@ from typing import Any, ClassVar
 
 import pydantic
 
-from remediator.actions import bugreport, clusterops, gpu, health, ladder, remap, validation
+from remediator.actions import (
+    bugreport,
+    clusterops,
+    gpu,
+    health,
+    hostexec,
+    ladder,
+    remap,
+    validation,
+)
 from remediator.domain import errors, ladders
 from remediator.ports import actions
 from remediator.ports import cluster as port
@@ -87,6 +96,7 @@ async def gpu_evidence(ctx: actions.ActionContext, params: ReplaceParams) -> dic
     return evidence
 
 
+@hostexec.scoped_action
 class MarkForReplacementAction(actions.Action[ReplaceParams]):
     name: ClassVar[str] = "node.mark_for_replacement"
     description: ClassVar[str] = (

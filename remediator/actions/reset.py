@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import pydantic
 
-from remediator.actions import clusterops, gpu, health, ladder, remap, validation
+from remediator.actions import clusterops, gpu, health, hostexec, ladder, remap, validation
 from remediator.domain import errors, ladders
 from remediator.ports import actions
 from remediator.ports import cluster as port
@@ -109,6 +109,7 @@ def _is(g: health.GpuHealth, ident: str) -> bool:
     return ident.lower() in (str(g.index), g.uuid.lower(), bus, bus[4:])
 
 
+@hostexec.scoped_action
 class ResetAction(actions.Action[ResetParams]):
     name: ClassVar[str] = "gpu.reset"
     description: ClassVar[str] = (

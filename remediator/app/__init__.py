@@ -128,6 +128,7 @@ class Components:
                 "ladder": ladders.StoreLadder(self.store),
                 "reboot": settings.reboot,
                 "driver_upgrade": settings.driver_upgrade,
+                "gpu_exec": settings.gpu_exec,
             },
             silencer=(
                 alertmanager.AlertmanagerSilencer(str(settings.alertmanager_url))

@@ -166,8 +166,15 @@ def configuration_md() -> str:
             out += ["A mapping of names to objects with these keys (YAML or JSON):", ""]
             table, _ = _table(inner, None)
         else:
-            table, _ = _table(inner, _nested_env(f"{prefix}{name.upper()}{delimiter}"))
+            table, deeper = _table(inner, _nested_env(f"{prefix}{name.upper()}{delimiter}"))
+            for sub, item, _ in deeper:
+                if typing.get_origin(inner.model_fields[sub].annotation) is list:
+                    table += ["", f"Each item of `{name}.{sub}` has these keys:", ""]
+                    table += _table(item, None)[0]
         out += table
+        examples = getattr(inner, "doc_examples", "")
+        if isinstance(examples, str) and examples:
+            out += ["", examples.rstrip()]
     return "\n".join(out) + "\n"
 
 
@@ -187,6 +194,20 @@ def actions_md(registry: actions.Registry | None = None) -> str:
         f"Params marked `{playbooks.EXEC_TARGET}` choose the pod or container remediator execs",
         "into: they take a literal or are left out for the setting; a template there (alert",
         "labels, annotations, runbook parameters) is a lint error.",
+        "",
+        "GPU actions (`gpu.*`, and `node.reboot`'s wait for the driver) run their commands",
+        "(`nvidia-smi`, `dcgmi`, `nvidia-bug-report.sh`, reading the kubelet's device",
+        "checkpoint) as an argv, never a shell, in one of two places, chosen per node by the",
+        "`gpu_exec` setting (see configuration.md): the first pool whose `node_selector`",
+        "matches the node decides. In a `host_pod` pool (the driver is installed on the host:",
+        "no driver pod), each `check`, `apply`, `undo` or reconciler look creates a privileged",
+        "pod pinned to the node (`spec.nodeName`, host PID, the host's root at `/host`, only",
+        "`sleep` running, `activeDeadlineSeconds` set), waits until it is Ready, execs",
+        "`chroot /host <argv>` in it and deletes it at the end, also when the step fails; a",
+        "pod that cannot start fails the step (temporarily) with its phase and waiting reason,",
+        "and leftovers that ended or expired are deleted on next use. Every other node uses",
+        "the GPU Operator's driver pod (`kubernetes.driver_namespace`, `driver_selector`,",
+        "`driver_container`, or the step's exec-target params).",
         "",
         "| Action | Disruptive | Undo | Description |",
         "|---|---|---|---|",

@@ -13,6 +13,7 @@ import pydantic
 import pydantic_settings
 
 from remediator.actions import driver as driver_action
+from remediator.actions import hostexec
 from remediator.actions import reboot as reboot_action
 from remediator.adapters import kubernetes as kube_adapter
 from remediator.domain import guards as guards_mod
@@ -148,6 +149,12 @@ class Settings(pydantic_settings.BaseSettings):
         default_factory=driver_action.DriverUpgradeConfig,
         description="How gpu.upgrade_driver starts a node's driver upgrade: label (the GPU "
         "Operator's upgrade-state label, default) or a hook URL.",
+    )
+    gpu_exec: hostexec.GpuExecConfig = pydantic.Field(
+        default_factory=hostexec.GpuExecConfig,
+        description="Where GPU commands (nvidia-smi, dcgmi, bug reports) run, per node pool: "
+        "the GPU Operator's driver pod (default), or for nodes whose driver is installed on "
+        "the host a short-lived privileged pod on the node, deleted after each step.",
     )
     reboot: reboot_action.RebootConfig = pydantic.Field(
         default_factory=reboot_action.RebootConfig,

@@ -171,6 +171,8 @@ class PodInfo:
     """The pod's ``Ready`` condition is ``True`` (every container passes its readiness probe)."""
     gpu_requests: int = 0
     """GPUs (``nvidia.com/gpu``) its containers are allocated, from their limits."""
+    waiting: list[str] = dataclasses.field(default_factory=list)
+    """Why containers are waiting, e.g. ``exec: ErrImagePull: <message>``."""
 
     @property
     def key(self) -> str:

@@ -45,6 +45,8 @@ class Cluster:
         self.reboots: list[str] = []  # nodes, in the order their reboots began
         self.device_allocations: dict[str, dict[str, dict[str, Any]]] = {}
         """Node → pod uid → the GPUs the kubelet gave the pod (see ``kubelet``)."""
+        self.unpullable_images: set[str] = set()
+        """Images no registry serves: pods using them wait in ``ErrImagePull`` for ever."""
         self.store.hooks.append(self._on_change)
         seed(self, fleet)
 
@@ -70,6 +72,7 @@ class Cluster:
         self.exec_log.clear()
         self.reboots.clear()
         self.device_allocations.clear()
+        self.unpullable_images.clear()
         self.mutations = mutations.Log(boot=self.mutations.boot)
         self.settings = self.fleet.settings.model_copy()
         seed(self, self.fleet)

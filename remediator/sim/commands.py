@@ -5,6 +5,12 @@ daemonset) have ``nvidia-smi``, ``dcgmi diag`` (see ``dcgm``), ``nvidia-bug-repo
 ``cat``, ``rm`` and ``ls`` over a per-pod in-memory filesystem; being hostPID, they also read
 the node's kubelet device checkpoint under ``/proc/1/root`` (see ``kubelet``). Everything else
 answers like a missing executable (exit 127).
+
+A privileged container with the host's root filesystem mounted (``hostPath: /``) reaches the
+host's own driver tools by ``chroot <mount> <argv>``: on a node whose driver is installed on
+the host (labelled ``nvidia.com/gpu.deploy.driver=pre-installed``, as the GPU Operator labels
+such nodes) they answer exactly as in a driver container; elsewhere chroot finds no
+``nvidia-smi`` (exit 127).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ STDOUT = 1
 STDERR = 2
 RC_NOT_FOUND = 127
 DRIVER_CONTAINER = "nvidia-driver-ctr"
+DRIVER_DEPLOY_LABEL = "nvidia.com/gpu.deploy.driver"
+PRE_INSTALLED = "pre-installed"
 
 Emit = Callable[[int, bytes], Awaitable[None]]
 
@@ -37,6 +45,8 @@ class Context:
     """Where effects (power limits) are logged."""
     host_files: Callable[[str], bytes | None] | None = None
     """The node's files a hostPID container reads under ``/proc/1/root`` (driver pods)."""
+    host_root: str | None = None
+    """Where a privileged container has the host's root mounted (``chroot`` target)."""
 
 
 def status_for(argv: list[str], rc: int) -> dict[str, Any]:
@@ -63,14 +73,41 @@ def is_driver_pod(pod: dict[str, Any]) -> bool:
     )
 
 
+def host_root_mount(pod: dict[str, Any], container: str) -> str | None:
+    """Where ``container`` (privileged) has the host's root filesystem mounted, if it does."""
+    roots = {
+        v["name"]
+        for v in pod.get("spec", {}).get("volumes") or []
+        if _path(str((v.get("hostPath") or {}).get("path", "-"))) == "/"
+    }
+    for c in pod.get("spec", {}).get("containers") or []:
+        if c.get("name") != container or not (c.get("securityContext") or {}).get("privileged"):
+            continue
+        for mount in c.get("volumeMounts") or []:
+            if mount.get("name") in roots:
+                return _path(str(mount.get("mountPath", "/")))
+    return None
+
+
 def _path(raw: str) -> str:
     return posixpath.normpath(posixpath.join("/", raw))
 
 
 async def run(ctx: Context, argv: list[str], emit: Emit) -> int:
     """Run ``argv`` in the container, streaming output through ``emit``; return the exit code."""
+    chrooted = bool(ctx.host_root and argv[:1] == ["chroot"] and len(argv) > 2)
+    if chrooted and _path(argv[1]) == ctx.host_root:
+        if ctx.host is None:  # no driver on this host: it lives in the driver container
+            await emit(
+                STDERR,
+                f"chroot: failed to run command '{argv[2]}': No such file or directory\n".encode(),
+            )
+            return RC_NOT_FOUND
+        argv = argv[2:]
+    else:
+        chrooted = False
     program = posixpath.basename(argv[0]) if argv else ""
-    has_driver = ctx.host is not None and ctx.container == DRIVER_CONTAINER
+    has_driver = ctx.host is not None and (ctx.container == DRIVER_CONTAINER or chrooted)
     if has_driver and ctx.host is not None:
         if program == "nvidia-smi":
             before = {g.uuid: g.power_limit for g in ctx.host.gpus}

@@ -215,6 +215,8 @@ class Controllers:
             ):
                 continue
             uid = meta["uid"]
+            if self._pull_fails(pod):
+                continue
             seen.add(uid)
             due = self.ready_at.setdefault(
                 uid, now + self.cluster.scaled(self.cluster.settings.pod_startup_seconds)
@@ -233,3 +235,24 @@ class Controllers:
                     reboots.start(self.cluster, node_name)
         for uid in set(self.ready_at) - seen:
             del self.ready_at[uid]
+
+    def _pull_fails(self, pod: Obj) -> bool:
+        """A container whose image cannot be pulled keeps the pod Pending, as the kubelet does
+        (``ErrImagePull``, then ``ImagePullBackOff``)."""
+        missing = [
+            c
+            for c in pod["spec"].get("containers", [])
+            if c.get("image") in self.cluster.unpullable_images
+        ]
+        if not missing:
+            return False
+        statuses = pod.get("status", {}).get("containerStatuses") or []
+        if not any((s.get("state") or {}).get("waiting") for s in statuses):
+            meta = pod["metadata"]
+            self.cluster.store.mutate(
+                "pods",
+                meta["namespace"],
+                meta["name"],
+                functools.partial(objects.image_pull_failed, images=[c["image"] for c in missing]),
+            )
+        return True

@@ -57,7 +57,10 @@ def prepare(
     if not argv:
         raise errors.ApiError(400, "you must specify at least 1 command")
     node = pod["spec"]["nodeName"]
+    root = None if commands.is_driver_pod(pod) else commands.host_root_mount(pod, container)
     host = cluster.hosts.get(node) if commands.is_driver_pod(pod) else None
+    if root is not None and driver_on_host(cluster, node):
+        host = cluster.hosts.get(node)
     files = cluster.files.setdefault(pod["metadata"]["uid"], {})
     ctx = commands.Context(
         pod=pod,
@@ -67,8 +70,15 @@ def prepare(
         bug_report_seconds=cluster.scaled(cluster.settings.bug_report_seconds),
         mutations=cluster.mutations,
         host_files=(lambda path: kubelet.host_file(cluster, node, path)) if host else None,
+        host_root=root,
     )
     return ctx, argv
+
+
+def driver_on_host(cluster: cluster_mod.Cluster, node: str) -> bool:
+    obj = cluster.store.get("nodes", "", node)
+    labels = (obj or {}).get("metadata", {}).get("labels") or {}
+    return labels.get(commands.DRIVER_DEPLOY_LABEL) == commands.PRE_INSTALLED
 
 
 async def handle(

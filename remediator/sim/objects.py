@@ -191,6 +191,31 @@ def mark_scheduled(pod: Obj, node_name: str) -> None:
     }
 
 
+def image_pull_failed(pod: Obj, images: list[str]) -> None:
+    """The kubelet could not pull ``images``: their containers wait in ``ImagePullBackOff``."""
+    statuses = []
+    for c in pod["spec"].get("containers", []):
+        state: Obj = {"waiting": {"reason": "ContainerCreating"}}
+        if c.get("image") in images:
+            message = (
+                f'Back-off pulling image "{c["image"]}": ErrImagePull: failed to pull and '
+                f'unpack image "{c["image"]}": not found'
+            )
+            state = {"waiting": {"reason": "ImagePullBackOff", "message": message}}
+        statuses.append(
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "started": False,
+                "state": state,
+            }
+        )
+    pod.setdefault("status", {})["containerStatuses"] = statuses
+
+
 def mark_running(pod: Obj, host_ip: str) -> None:
     now = store.timestamp()
     conditions = [

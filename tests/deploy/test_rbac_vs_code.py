@@ -9,6 +9,7 @@ table: anything granted but unused, or used but not granted, fails.
 
 from __future__ import annotations
 
+import datetime as dt
 import inspect
 import re
 from collections.abc import AsyncIterator
@@ -17,11 +18,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from remediator.actions import gpu, hostexec
 from remediator.adapters import kubernetes
 from remediator.adapters.kubernetes import leases, permissions
+from remediator.ports import actions
 from remediator.ports import cluster as port
 from remediator.sim import fleet as fleet_mod
 from remediator.sim import server, testing
+from tests.support.notify import FakeNotifier
 
 from . import rbac
 
@@ -254,3 +258,51 @@ def test_request_attributes_are_read_like_the_api_server_does() -> None:
         "r",
     )
     assert testing.CONTEXT  # the simulator helpers stay importable from here
+
+
+async def test_gpu_commands_through_a_host_pod_make_only_granted_calls(recorded, tmp_path):
+    """A node pool whose driver is on the host: the exec pod is listed (leftovers), created,
+    read until Ready, exec'd into and deleted, all within what the manifests grant."""
+    url, recorder, holder = recorded
+    store = holder["app"][server.api.CLUSTER].store
+    node = "gpu-node-04"
+    store.mutate(
+        "nodes",
+        "",
+        node,
+        lambda n: n["metadata"]["labels"].update({"nvidia.com/gpu.deploy.driver": "pre-installed"}),
+    )
+    pools = {"pools": [{"name": "host", "node_selector": "nvidia.com/gpu.deploy.driver"}]}
+    config = kubernetes.KubernetesConfig(mode="url", url=url, token="t")
+    cluster = await kubernetes.connect(config)
+    ctx = actions.ActionContext(
+        run_id=1,
+        step_id=1,
+        step_key="s",
+        attempt=1,
+        playbook="p",
+        node=node,
+        gpu=None,
+        labels={},
+        annotations={},
+        dry_run=False,
+        now=lambda: dt.datetime.now(dt.UTC),
+        notifier=FakeNotifier(),
+        cluster=cluster,
+        services={hostexec.SERVICE: hostexec.GpuExecConfig.model_validate(pools)},
+    )
+    try:
+        recorder.take()
+        action = gpu.PowerCapAction()
+        check = await action.check(ctx, action.parse({"watts": 500}))
+        seen = recorder.take()
+    finally:
+        await cluster.close()
+    assert check.in_place is False
+    assert ("", "pods", "create", DRIVER_NAMESPACE) in seen
+    assert ("", "pods", "delete", DRIVER_NAMESPACE) in seen
+    assert ("", "pods/exec", "get", DRIVER_NAMESPACE) in seen
+    granted = rbac.granted_permissions()
+    for group, resource, verb, namespace in seen:
+        call = (group, resource, verb, f"namespace:{namespace}" if namespace else "cluster")
+        assert any(_authorizes(g, call) for g in granted), f"not granted: {call}"

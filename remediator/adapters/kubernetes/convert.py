@@ -96,7 +96,20 @@ def pod(obj: Obj) -> port.PodInfo:
             for c in status.get("conditions") or []
         ),
         gpu_requests=sum(_gpus(c) for c in spec.get("containers") or []),
+        waiting=_waiting(status),
     )
+
+
+def _waiting(status: Obj) -> list[str]:
+    out = []
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting")
+        if isinstance(waiting, dict):
+            text = f"{container.get('name', '')}: {waiting.get('reason') or 'Waiting'}"
+            if waiting.get("message"):
+                text += f": {str(waiting['message'])[:200]}"
+            out.append(text)
+    return out
 
 
 def _gpus(container: Obj) -> int:

@@ -45,7 +45,8 @@ CLUSTER_CALLS: dict[str, tuple[Call, ...]] = {
     "annotate_pod": (_c("pods", "patch"),),
     "list_pdbs": (_c("poddisruptionbudgets", "list", group="policy"),),
     "find_driver_pod": (_c("pods", "list", "driver"),),
-    "create_pod": (_c("pods", "create", "driver"),),  # node.reboot's pod
+    # node.reboot's pod and the GPU exec pods of host_pod pools (actions.hostexec)
+    "create_pod": (_c("pods", "create", "driver"),),
     "delete_pod": (_c("pods", "delete", "driver"),),
     "create_event": (_c("events", "create"),),
     "exec": (
@@ -53,7 +54,8 @@ CLUSTER_CALLS: dict[str, tuple[Call, ...]] = {
         Call("", "pods/exec", "create", "driver", request_shows_it=False),
     ),
 }
-"""``KubeCluster`` method → the calls it makes (``exec`` only ever targets driver pods)."""
+"""``KubeCluster`` method → the calls it makes (``exec`` only ever targets driver pods and
+remediator's own GPU exec pods, both in the driver namespace)."""
 
 LEASE_CALLS: dict[str, tuple[Call, ...]] = {
     "acquire_or_renew": (
