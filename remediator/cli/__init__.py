@@ -175,6 +175,7 @@ def _demo(args: argparse.Namespace) -> int:
         color=args.color,
         rules=args.rules,
         data_dir=args.data_dir,
+        act_timeout=args.act_timeout,
     )
     return command.run(chosen)
 
@@ -243,9 +244,25 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="replay real GPU alerts against the simulator and a real server"
     )
-    demo.add_argument("--keep-running", action="store_true", help="stay up until Ctrl-C")
     demo.add_argument(
-        "--interactive", action="store_true", help="wait for you to approve the drains"
+        "--keep-running",
+        action="store_true",
+        help="after the scenario, whatever its outcome, keep the simulator and the server up "
+        "until Ctrl-C",
+    )
+    demo.add_argument(
+        "--interactive",
+        action="store_true",
+        help="wait, as long as you like, for you to approve the drains (in the console or with "
+        "`remediator runs approve`; the demo prints both)",
+    )
+    demo.add_argument(
+        "--act-timeout",
+        type=_seconds,
+        default=45.0,
+        metavar="SECONDS",
+        help="give up on an act that has not ended after this long (default 45; time a step "
+        "waits for your approval does not count)",
     )
     demo.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     demo.add_argument("--rules", type=pathlib.Path, help="playbook directory (default ./rules)")
@@ -253,6 +270,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
     operators.add_commands(commands)
     return parser
+
+
+def _seconds(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError("a positive number of seconds")
+    return number
 
 
 def _raised(error: BaseException, module: str, name: str) -> bool:

@@ -26,6 +26,7 @@ class Options:
     color: str = "auto"
     rules: pathlib.Path | None = None
     data_dir: pathlib.Path | None = None
+    act_timeout: float = runner.ACT_TIMEOUT
 
 
 def find_rules(given: pathlib.Path | None) -> pathlib.Path:
@@ -112,19 +113,36 @@ async def _demo(options: Options, show: display.Display) -> int:
             ) as server:
                 _intro(show, server, rules)
                 async with httpx.AsyncClient(base_url=server.url, timeout=30.0) as client:
-                    api = runner.Api(client, tokens)
                     player = runner.Player(
-                        show=show, api=api, sim=sim, server=server, interactive=options.interactive
+                        show=show,
+                        api=runner.Api(client, tokens),
+                        sim=sim,
+                        server=server,
+                        interactive=options.interactive,
+                        act_timeout=options.act_timeout,
                     )
-                    for number, act in enumerate(acts.SCENARIO, start=1):
-                        await player.play(number, act)
-                    verified = await player.audit()
-                    _summary(show, player)
-                    if not verified:
-                        raise processes.DemoError("the audit chain did not verify")
+                    try:
+                        await _play(show, player)
+                    except processes.DemoError as e:
+                        if not options.keep_running:
+                            raise
+                        # Whatever went wrong, --keep-running leaves it all up to look at.
+                        show.line("")
+                        show.line(show.style(f"demo failed: {e}", "red", "bold"))
+                        await _keep_running(show, server, sim, tokens, work, options)
+                        return 1
                     if options.keep_running:
                         await _keep_running(show, server, sim, tokens, work, options)
     return 0
+
+
+async def _play(show: display.Display, player: runner.Player) -> None:
+    for number, act in enumerate(acts.SCENARIO, start=1):
+        await player.play(number, act)
+    verified = await player.audit()
+    _summary(show, player)
+    if not verified:
+        raise processes.DemoError("the audit chain did not verify")
 
 
 def _intro(show: display.Display, server: processes.Server, rules: pathlib.Path) -> None:
@@ -166,20 +184,22 @@ async def _keep_running(
     kept = "kept" if options.data_dir else "removed on exit"
     lines = [
         f"API            {server.url}/api/v1/runs   (header: Authorization: Bearer <token>)",
-        f"runbook page   {server.url}/runbooks   (sign in with the operator token)",
+        f"console        {server.url}/   (sign in with the operator token)",
+        f"CLI            {runner.command_prefix()} status --server {server.url} "
+        f"--token {tokens.operator}",
         f"simulator      {sim.url}   kubectl --kubeconfig {sim.kubeconfig} get nodes",
         f"tokens         operator (demo-operator): {tokens.operator}",
         f"               auditor (demo-auditor):   {tokens.auditor}",
         f"               ingest (alertmanager):    {tokens.ingest}",
         f"data           {work} ({kept}); server log {server.log}",
     ]
-    show.heading("Everything stays up until Ctrl-C:")
-    for line in lines:
-        show.line(line, indent=2)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)  # before saying Ctrl-C stops it
     try:
+        show.heading("Everything stays up until Ctrl-C:")
+        for line in lines:
+            show.line(line, indent=2)
         exited = asyncio.create_task(server.process.wait())
         waiting = asyncio.create_task(stop.wait())
         done, pending = await asyncio.wait({exited, waiting}, return_when=asyncio.FIRST_COMPLETED)

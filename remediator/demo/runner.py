@@ -5,7 +5,9 @@ audit trail and its verification."""
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import shlex
+import sys
 from typing import Any
 
 import httpx
@@ -13,6 +15,7 @@ import httpx
 from remediator.demo import acts, checks, display, processes
 
 ACT_TIMEOUT = 45.0
+"""How long an act may take (``--act-timeout``); time a step waits for you does not count."""
 NO_RUN_TIMEOUT = 10.0
 POLL = 0.2
 ACTIVE = {"pending", "running", "waiting_approval"}
@@ -71,12 +74,14 @@ class Player:
         sim: processes.Sim,
         server: processes.Server,
         interactive: bool,
+        act_timeout: float = ACT_TIMEOUT,
     ) -> None:
         self.show = show
         self.api = api
         self.sim = sim
         self.server = server
         self.interactive = interactive
+        self.act_timeout = act_timeout
         self.announced: set[int] = set()
         self.told: set[tuple[int, str]] = set()
         self.updated: dict[int, str] = {}
@@ -111,7 +116,7 @@ class Player:
 
     async def _follow(self, number: int, act: acts.Act, baseline: int) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + ACT_TIMEOUT
+        deadline = loop.time() + self.act_timeout
         no_run_deadline = loop.time() + NO_RUN_TIMEOUT
         while True:
             waiting = await self._poll(act, baseline)
@@ -123,8 +128,8 @@ class Player:
                 break
             if quiet and loop.time() > no_run_deadline:
                 _require_started(number, act, started)
-            if waiting and self.interactive:
-                deadline = loop.time() + ACT_TIMEOUT
+            if waiting and self.interactive:  # yours to decide: as long as you like
+                deadline = loop.time() + self.act_timeout
             if loop.time() > deadline:
                 for want, ok, found in results:
                     self.show.check(ok, want.describe(), found)
@@ -132,7 +137,7 @@ class Player:
                     self.show.check(False, f"runs started {act.new_runs}", f"got {started}")
                 raise processes.DemoError(
                     f"act {number} ({act.title}) did not end as expected within "
-                    f"{ACT_TIMEOUT:g} s (see the ✗ above); the server's last log lines:\n"
+                    f"{self.act_timeout:g} s (see the ✗ above); the server's last log lines:\n"
                     f"{self.server.tail(15)}"
                 )
             await asyncio.sleep(POLL)
@@ -154,8 +159,7 @@ class Player:
 
     async def _poll(self, act: acts.Act, baseline: int) -> bool:
         """Refresh every run that changed; tell new steps; approve; show drain progress.
-        True while a step waits for an operator."""
-        waiting = False
+        True while a step of any run waits for an operator."""
         for run in await self.api.runs():
             known = self.details.get(run["id"])
             if known and self.updated[run["id"]] == run["updatedAt"] and not _active(known):
@@ -166,11 +170,14 @@ class Player:
             if run["id"] not in self.announced:
                 self.announced.add(run["id"])
                 self.show.event("▶", self.show.style(display.run_line(detail), "bold"), indent=4)
-            waiting = await self._tell(act, detail) or waiting
-        return waiting
+            await self._tell(act, detail)
+        return any(
+            step["status"] == "waiting_approval"
+            for detail in self.details.values()
+            for step in detail["steps"]
+        )
 
-    async def _tell(self, act: acts.Act, detail: dict[str, Any]) -> bool:
-        waiting = False
+    async def _tell(self, act: acts.Act, detail: dict[str, Any]) -> None:
         for step in detail["steps"]:
             status = step["status"]
             draining = step["action"] in ("node.drain", "gpu.drain_workloads")
@@ -181,7 +188,6 @@ class Player:
             self.told.add((step["id"], status))
             self.show.step(detail["id"], step)
             if status == "waiting_approval":
-                waiting = True
                 await self._approval(act, detail, step)
         for approval in detail.get("approvals") or [] if self.interactive else []:
             if (approval["stepId"], approval["principal"]) not in self.decisions:
@@ -191,7 +197,6 @@ class Player:
         if detail["status"] not in ACTIVE and self.finished.get(detail["id"]) != detail["status"]:
             self.finished[detail["id"]] = detail["status"]
             self._outcome(detail)
-        return waiting
 
     def _outcome(self, detail: dict[str, Any]) -> None:
         status = detail["status"]
@@ -213,7 +218,7 @@ class Player:
             )
         path = f"/api/v1/runs/{run_id}/steps/{step_id}/approve"
         if self.interactive:
-            self._prompt(run_id, path)
+            self._prompt(run_id, step, path)
             return
         if step_id in self.approved:
             return
@@ -230,19 +235,30 @@ class Player:
             indent=6,
         )
 
-    def _prompt(self, run_id: int, path: str) -> None:
-        page = f"{self.server.url}/runbooks/runs/{run_id}"
+    def _prompt(self, run_id: int, step: dict[str, Any], path: str) -> None:
+        server, token = self.server.url, self.api.tokens.operator
+        page = f"{server}/runbooks/runs/{run_id}"
+        cli = (
+            f"{command_prefix()} runs approve {run_id} {step['id']} --server {server} "
+            f"--token {shlex.quote(token)} --comment 'looks right'"
+        )
         curl = (
-            f"curl -s -X POST -H {shlex.quote('Authorization: Bearer ' + self.api.tokens.operator)}"
+            f"curl -s -X POST -H {shlex.quote('Authorization: Bearer ' + token)}"
             f" -H 'Content-Type: application/json' --data '{{\"comment\": \"looks right\"}}' "
-            f"{self.server.url}{path}"
+            f"{server}{path}"
         )
         lines = [
-            self.show.style("Your turn: approve (or reject) the drain.", "yellow", "bold"),
-            f"web page: {page}  (sign in with the operator token below)",
+            self.show.style(
+                f"Your turn: approve (or reject) step {step['key']} of run #{run_id}.",
+                "yellow",
+                "bold",
+            ),
+            f"console:  {page}  (sign in with the operator token below)",
+            f"CLI:      {cli}",
+            "          (runs reject … to refuse it)",
             f"API:      {curl}",
-            f"operator token: {self.api.tokens.operator}",
-            "waiting for your decision… (Ctrl-C stops the demo)",
+            f"operator token: {token}",
+            "waiting for your decision, as long as you like… (Ctrl-C stops the demo)",
         ]
         for line in lines:
             self.show.line(line, indent=8)
@@ -277,6 +293,14 @@ class Player:
             ok, f"GET /api/v1/audit/verify as demo-auditor: {display.verify_line(report)}"
         )
         return ok
+
+
+def command_prefix() -> str:
+    """How to run ``remediator`` the way this demo was started (its script, else ``-m``)."""
+    script = pathlib.Path(sys.argv[0])
+    if script.name == "remediator":
+        return shlex.quote(str(script))
+    return f"{shlex.quote(sys.executable)} -m remediator"
 
 
 def _json(body: bytes) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import contextlib
 import os
 import pathlib
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -182,3 +183,95 @@ def test_a_killed_demo_takes_its_server_with_it() -> None:
         for child in children:  # leave nothing behind, whatever the outcome
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
+
+
+ACT_TIMEOUT = 10.0  # --act-timeout for the interactive run: what the old demo waited at most
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("approval_delay", [15.0])
+def test_an_interactive_demo_waits_for_the_operator_as_long_as_they_like(
+    approval_delay: float,
+) -> None:
+    """The operator approves the first drain with the printed CLI command only after the act
+    timeout and the demo's wait for a run have both passed: waiting for a decision is no
+    timeout. The second drain is approved at once."""
+    assert approval_delay > ACT_TIMEOUT
+    argv = ["demo", "--interactive", "--color", "never", "--act-timeout", str(ACT_TIMEOUT)]
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "remediator", *argv],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    out: list[str] = []
+    approvals: list[subprocess.CompletedProcess[str]] = []
+    waited = []
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            out.append(line)
+            if line.strip().startswith("console:"):
+                assert re.search(r"console:  http://127\.0\.0\.1:\d+/runbooks/runs/\d+", line)
+            if not line.strip().startswith("CLI:"):
+                continue
+            command = shlex.split(line.strip().removeprefix("CLI:"))
+            assert command[command.index("runs") + 1] == "approve"
+            if not approvals:
+                started = time.monotonic()
+                time.sleep(approval_delay)
+                waited.append(time.monotonic() - started)
+            approvals.append(
+                subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+            )
+        demo.wait(timeout=30)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    text = "".join(out)
+    assert demo.returncode == 0, text[-4000:]
+    assert "Scenario complete" in text
+    assert len(approvals) == 2
+    for approval in approvals:
+        assert approval.returncode == 0, approval.stderr
+    assert waited[0] >= approval_delay
+    assert "waiting for your decision, as long as you like" in text
+    assert text.count("approved by demo-operator: “looks right”") == 2
+    assert "did not end as expected" not in text
+
+
+@pytest.mark.timeout(60)
+def test_keep_running_keeps_everything_up_after_a_failed_scenario_until_ctrl_c() -> None:
+    argv = ["demo", "--keep-running", "--color", "never", "--act-timeout", "0.1"]
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "remediator", *argv],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    out: list[str] = []
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            out.append(line)
+            if "data " in line and "server log" in line:  # the last line of the list
+                break
+        text = "".join(out)
+        assert "demo failed: act 1" in text
+        assert "Everything stays up until Ctrl-C" in text
+        server = re.search(r"console\s+(http://127\.0\.0\.1:\d+)/", text)
+        assert server
+        assert _listening(server.group(1))
+        demo.send_signal(signal.SIGINT)
+        rest, _ = demo.communicate(timeout=30)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 1, rest
+    assert not _listening(server.group(1))
