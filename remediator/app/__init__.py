@@ -29,10 +29,12 @@ from remediator.adapters import (
 )
 from remediator.adapters.db import audit as db_audit
 from remediator.adapters.db import database, intake, migrate, queries, retention, store
+from remediator.adapters.db import fleet as db_fleet
 from remediator.adapters.db import sessions as db_sessions
 from remediator.adapters.http import api, auth, health, hygiene, openapi, pages, runbooks
 from remediator.adapters.http import audit as http_audit
 from remediator.adapters.http import errors as http_errors
+from remediator.adapters.http import fleet as fleet_http
 from remediator.adapters.http import guards as guards_http
 from remediator.adapters.http import intake as http_intake
 from remediator.adapters.http import plan as plan_http
@@ -47,6 +49,7 @@ from remediator.engine import (
     guarding,
     ladders,
     lifecycle,
+    operations,
     planning,
     previewing,
     reconciler,
@@ -428,10 +431,20 @@ def create_app(
         components.breaker_status, components.reset_breaker
     )
     app[plan_http.PLAN] = plan_http.PlanDeps(components.plan_payload, components.plan_run)
+    app[fleet_http.FLEET] = fleet_http.FleetDeps(
+        operations.Operations(
+            store=components.store,
+            records=db_fleet.FleetQueries(components.db),
+            cluster=lambda: components.cluster,
+            guards=settings.guards,
+            wake=components.engine.wake,
+        )
+    )
     app.router.add_post("/api/v1/alerts", http_intake.post_alerts)
     api.add_routes(app)
     plan_http.add_routes(app)
     guards_http.add_routes(app)
+    fleet_http.add_routes(app)
     runbooks.add_routes(app)
     http_audit.add_routes(app)
     pages.add_routes(app)

@@ -10,7 +10,7 @@ import signal
 import sys
 
 from remediator.sim import fleet as fleet_mod
-from remediator.sim import testing
+from remediator.sim import server, testing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,16 +39,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kubeconfig",
-        default="sim.kubeconfig",
+        default=None,
         metavar="PATH",
-        help="where to write a kubeconfig for the simulator",
+        help="where to write a kubeconfig for the simulator (default: a temporary directory, "
+        "removed on exit; the path is printed)",
     )
     parser.add_argument(
         "--tls",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="serve HTTPS with the bundled self-signed certificate (kubectl "
-        "sends bearer tokens only over TLS); --no-tls serves plain HTTP",
+        help="serve HTTPS with the bundled self-signed certificate; --no-tls serves plain HTTP, "
+        "over which kubectl sends no credentials, so requests without a token are served too "
+        "(see --anonymous)",
+    )
+    parser.add_argument(
+        "--anonymous",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve requests that carry no token (a wrong token is always refused); default: "
+        "on with --no-tls, so kubectl works over plain HTTP, off with TLS",
     )
     parser.add_argument(
         "--state-file",
@@ -118,6 +127,7 @@ async def _serve(args: argparse.Namespace, fleet: fleet_mod.Fleet, token: str) -
         tls=args.tls,
         state_file=args.state_file,
         restore=args.restore,
+        anonymous=not args.tls if args.anonymous is None else args.anonymous,
     )
     print(f"remediator sim: serving the Kubernetes API on {sim.url}", flush=True)
     log = sim.cluster.mutations
@@ -128,10 +138,18 @@ async def _serve(args: argparse.Namespace, fleet: fleet_mod.Fleet, token: str) -
             flush=True,
         )
     print(f"remediator sim: token {token}", flush=True)
+    kept = "" if args.kubeconfig else ", removed on exit"
     print(
-        f"remediator sim: kubeconfig written to {sim.kubeconfig_path} (context {testing.CONTEXT})",
+        f"remediator sim: kubeconfig written to {sim.kubeconfig_path} (context "
+        f"{testing.CONTEXT}{kept}): export KUBECONFIG={sim.kubeconfig_path}",
         flush=True,
     )
+    if sim.app[server.ANONYMOUS]:
+        print(
+            "remediator sim: requests without a token are served (kubectl sends none over "
+            "plain HTTP); a wrong token is refused",
+            flush=True,
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -18,6 +18,8 @@ from remediator.sim import fleet as fleet_mod
 
 log = logging.getLogger(__name__)
 TOKEN = web.AppKey("token", str)
+ANONYMOUS = web.AppKey("anonymous", bool)
+"""Requests without credentials are served (kubectl sends none over plain HTTP)."""
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -57,8 +59,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     expected = "Bearer " + request.app[TOKEN]
-    given = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(given.encode(), expected.encode()):
+    given = request.headers.get("Authorization")
+    if given is None and request.app[ANONYMOUS]:
+        return await handler(request)
+    if not hmac.compare_digest((given or "").encode(), expected.encode()):
         raise errors.ApiError(401, "Unauthorized")
     return await handler(request)
 
@@ -70,8 +74,10 @@ def create_app(
     time_scale: float | None = None,
     state: dict[str, Any] | None = None,
     restore: persist.Restore = "all",
+    anonymous: bool = False,
 ) -> web.Application:
-    """Build the simulator for ``fleet``; every request needs ``Authorization: Bearer token``.
+    """Build the simulator for ``fleet``; every request needs ``Authorization: Bearer token``
+    (``anonymous``: or no ``Authorization`` header at all; a wrong token is still refused).
 
     ``state`` (from ``persist.load``) restores a previous simulator's cluster instead of
     seeding the fleet (``restore="gpus"``: only its GPUs, see ``persist``); ``time_scale``
@@ -90,6 +96,7 @@ def create_app(
     disruption.install(cluster)
     app[api.CLUSTER] = cluster
     app[TOKEN] = token
+    app[ANONYMOUS] = anonymous
     app[faults.FAULTS] = faults.State()
     admin.add_routes(app)
     router = app.router

@@ -161,6 +161,7 @@ async def start_sim(
     tls: bool = False,
     state_file: str | pathlib.Path | None = None,
     restore: persist.Restore = "all",
+    anonymous: bool = False,
 ) -> RunningSim:
     """Start the simulator on ``host:port`` (0: ephemeral) and write a kubeconfig for it.
 
@@ -168,7 +169,8 @@ async def start_sim(
     fleet's own setting. ``tls`` serves HTTPS with the bundled self-signed certificate (needed
     by kubectl, which sends bearer tokens only over TLS). ``state_file``: restore the cluster
     saved there, if any (``restore="gpus"``: only its GPUs), and save it there on ``stop``
-    (see ``persist``).
+    (see ``persist``). ``anonymous``: requests without credentials are served too (kubectl
+    sends none over plain HTTP).
     """
     state = persist.load(state_file) if state_file is not None else None
     app = server.create_app(
@@ -177,6 +179,7 @@ async def start_sim(
         time_scale=time_scale,
         state=state,
         restore=restore,
+        anonymous=anonymous,
     )
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -94,3 +95,45 @@ async def test_plan_reads_the_simulated_cluster_and_changes_nothing(tmp_path):
         assert "research/jupyter-alice" in str(drain["preview"])
         assert sim.node("gpu-node-03")["spec"].get("unschedulable") in (None, False)
         assert not (tmp_path / "absent.db").exists()
+
+
+def test_sim_without_tls_writes_a_kubeconfig_outside_the_working_tree_that_kubectl_uses(tmp_path):
+    import os
+    import shutil
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("no kubectl")
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "remediator", "sim", "--no-tls", "--listen", "127.0.0.1:0"],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert sim.stdout is not None
+        lines = [sim.stdout.readline() for _ in range(4)]
+        said = "".join(lines)
+        assert "serving the Kubernetes API on http://127.0.0.1:" in said
+        assert "requests without a token are served" in said
+        kubeconfig = pathlib.Path(said.split("export KUBECONFIG=", 1)[1].split()[0])
+        assert kubeconfig.is_file()
+        assert tmp_path not in kubeconfig.parents
+        assert list(tmp_path.iterdir()) == []  # nothing written where it was started
+        result = subprocess.run(
+            [kubectl, "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "name"],
+            env={**os.environ, "HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "node/gpu-node-01" in result.stdout.split()
+    finally:
+        sim.terminate()
+        sim.wait(timeout=30)
+    assert sim.returncode == 0
+    assert not kubeconfig.exists()  # removed on exit
