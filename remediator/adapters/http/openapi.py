@@ -165,6 +165,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         answer="Launch",
         conflict=True,
     ),
+    ("GET", "/api/v1/fleet"): Operation(
+        summary="Every GPU node's state as remediator sees it, the disruption budget per pool, "
+        "the breaker and held steps",
+        tag="guards",
+        roles=READ,
+        answer="Fleet",
+    ),
     ("GET", "/api/v1/breaker"): Operation(
         summary="Circuit breaker state", tag="guards", roles=READ
     ),
@@ -223,6 +230,21 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         tag="web",
         roles=READ,
         media=HTML,
+    ),
+    ("GET", "/runbooks/fleet"): Operation(
+        summary="Web page: the fleet (nodes, budgets, breaker, held steps), refreshed live",
+        tag="web",
+        roles=READ,
+        media=HTML,
+    ),
+    ("POST", "/runbooks/breaker/reset"): Operation(
+        summary="Close the circuit breaker from the fleet page (form: comment, csrf)",
+        tag="web",
+        roles=("admin",),
+        body=schemas.DecisionForm,
+        media=HTML,
+        status=303,
+        conflict=True,
     ),
     ("GET", "/runbooks/login"): Operation(
         summary="Web page: sign in", tag="web", roles=None, media=HTML, database=False

@@ -12,7 +12,7 @@ from typing import Any
 
 import pydantic
 
-from remediator.adapters.http import plan
+from remediator.adapters.http import fleet, plan
 from remediator.domain import alerts, matching
 
 NO_NUL = "^[^\\x00]*$"  # Postgres cannot store NUL in text: intake refuses it everywhere
@@ -200,6 +200,7 @@ def components() -> dict[str, Any]:
     """``components.schemas`` of the document."""
     models: tuple[type[pydantic.BaseModel], ...] = (
         *(Page, Items, Decision, Stored, Health, Ready, Started, StartedMany),
+        fleet.Fleet,
     )
     found: dict[str, Any] = {"Error": ERROR, **webhook_payload()}
     for model in models:

@@ -43,6 +43,7 @@ MATRIX = [
         {"node": "n1", "params": {}},
         OPERATE,
     ),
+    ("GET", "/api/v1/fleet", "/api/v1/fleet", None, READ),
     ("GET", "/api/v1/breaker", "/api/v1/breaker", None, READ),
     ("POST", "/api/v1/breaker/reset", "/api/v1/breaker/reset", {"comment": "x"}, OPERATE),
     ("GET", "/api/v1/audit/events", "/api/v1/audit/events", None, AUDIT),
@@ -57,6 +58,7 @@ MATRIX = [
     ("GET", "/metrics", "/metrics", None, PUBLIC),
     ("GET", "/runbooks", "/runbooks", None, READ),
     ("GET", "/runbooks/runs/{run_id}", "/runbooks/runs/1", None, READ),
+    ("GET", "/runbooks/fleet", "/runbooks/fleet", None, READ),
     ("GET", "/runbooks/login", "/runbooks/login", None, PUBLIC),
     ("GET", "/", "/", None, PUBLIC),  # a redirect to /runbooks, which checks the caller
 ]
@@ -67,6 +69,7 @@ FORMS = {
     ("POST", "/runbooks/runs/{run_id}/steps/{step_id}/approve"),
     ("POST", "/runbooks/runs/{run_id}/steps/{step_id}/reject"),
     ("POST", "/runbooks/{playbook}/trigger"),
+    ("POST", "/runbooks/breaker/reset"),
 }
 CALLERS = ["ingest", "operator", "auditor", "admin", None, "wrong"]
 

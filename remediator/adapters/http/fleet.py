@@ -1,0 +1,285 @@
+"""The fleet: ``GET /api/v1/fleet`` (JSON, camelCase) and the console's ``/runbooks/fleet``.
+
+Both come from ``Operations.fleet_status``: every GPU node with its state as remediator sees it
+(healthy, held, draining, faulty, cordoned by run N, capped GPUs), the disruption budget used
+and allowed per pool, the breaker (an admin resets it from the page with a comment) and the
+steps the guards hold with their reason. The page refreshes itself every few seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pydantic
+from aiohttp import web
+
+from remediator.adapters.http import auth as http_auth
+from remediator.adapters.http import console
+from remediator.domain import auth, errors, fleet
+from remediator.engine import operations
+
+esc = console.esc
+REFRESH_SECONDS = 5
+_FLEET_JS = console.template("live.js")
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetDeps:
+    operations: operations.Operations
+
+
+FLEET = web.AppKey("fleet", FleetDeps)
+
+
+class CappedGpu(pydantic.BaseModel):
+    uuid: str
+    run: int
+    limit: float | None = pydantic.Field(description="watts set by remediator")
+    previous: float | None = pydantic.Field(description="watts before the cap")
+
+
+class Node(pydantic.BaseModel):
+    name: str
+    pool: str | None
+    state: str = pydantic.Field(description="|".join(fleet.STATES))
+    detail: str
+    runs: list[int] = pydantic.Field(description="runs active on it or holding it disrupted")
+    cappedGpus: list[CappedGpu]
+    labels: dict[str, str]
+    cordoned: bool
+    ready: bool | None
+    knownToCluster: bool = pydantic.Field(description="false: only the store names it")
+
+
+class Budget(pydantic.BaseModel):
+    pool: str | None = pydantic.Field(description="null: the whole fleet (no pool_label)")
+    used: int
+    allowed: int
+    nodes: list[str]
+
+
+class Breaker(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="allow")
+    open: bool
+    reason: str | None = None
+    openedAt: str | None = None
+    resetAt: str | None = None
+    resetBy: str | None = None
+    resetComment: str | None = None
+
+
+class Held(pydantic.BaseModel):
+    run: int
+    step: str
+    action: str
+    node: str | None
+    reason: str
+    kind: str
+    until: str | None
+
+
+class Fleet(pydantic.BaseModel):
+    """The fleet as remediator sees it."""
+
+    nodes: list[Node]
+    budgets: list[Budget]
+    breaker: Breaker
+    held: list[Held]
+    clusterError: str | None = pydantic.Field(
+        description="why the cluster's nodes are missing (null: listed, or no cluster)"
+    )
+
+
+def fleet_json(status: fleet.FleetStatus) -> dict[str, Any]:
+    breaker = status.breaker
+    document = Fleet(
+        nodes=[
+            Node(
+                name=node.name,
+                pool=node.pool,
+                state=node.state,
+                detail=node.detail,
+                runs=list(node.runs),
+                cappedGpus=[
+                    CappedGpu(uuid=g.uuid, run=g.run, limit=g.limit, previous=g.previous)
+                    for g in node.capped_gpus
+                ],
+                labels=dict(node.labels),
+                cordoned=node.cordoned,
+                ready=node.ready,
+                knownToCluster=node.known_to_cluster,
+            )
+            for node in status.nodes
+        ],
+        budgets=[
+            Budget(pool=b.pool, used=b.used, allowed=b.allowed, nodes=list(b.nodes))
+            for b in status.budgets
+        ],
+        breaker=Breaker(
+            open=bool(breaker.get("open")),
+            reason=breaker.get("reason"),
+            openedAt=breaker.get("opened_at"),
+            resetAt=breaker.get("reset_at"),
+            resetBy=breaker.get("reset_by"),
+            resetComment=breaker.get("reset_comment"),
+        ),
+        held=[Held(**dataclasses.asdict(h)) for h in status.held],
+        clusterError=status.cluster_error,
+    )
+    return document.model_dump(mode="json")
+
+
+async def get_fleet(request: web.Request) -> web.Response:
+    http_auth.require(request, auth.Permission.READ)
+    status = await request.app[FLEET].operations.fleet_status()
+    return web.json_response(fleet_json(status))
+
+
+# -- the page ------------------------------------------------------------------------------
+
+
+def _runs(ids: tuple[int, ...]) -> str:
+    return ", ".join(f'<a href="/runbooks/runs/{i}">run {i}</a>' for i in ids)
+
+
+def _nodes_table(status: fleet.FleetStatus) -> str:
+    if not status.nodes:
+        return '<p id="no-nodes">No GPU node is known (no cluster configured, no runs yet).</p>'
+    rows = []
+    for node in status.nodes:
+        caps = "<br>".join(
+            f"<code>{esc(g.uuid)}</code> {_w(g.previous)} → {_w(g.limit)}" for g in node.capped_gpus
+        )
+        ready = ' <span class="badge failed">not ready</span>' if node.ready is False else ""
+        gpu_labels = ", ".join(
+            f"{esc(k)}={esc(v)}" for k, v in sorted(node.labels.items()) if "gpu" in k.lower()
+        )
+        rows.append(
+            f'<tr class="node" id="node-{esc(node.name)}" data-state="{esc(node.state)}">'
+            f"<td><strong>{esc(node.name)}</strong>{ready}"
+            f"{'' if node.known_to_cluster else ' <span class=muted>(not listed)</span>'}</td>"
+            f"<td>{esc(node.pool or '')}</td>"
+            f'<td><span class="badge {esc(node.state)}">{esc(node.state)}</span> '
+            f"{esc(node.detail)}</td><td>{_runs(node.runs)}</td><td>{caps}</td>"
+            f'<td class="muted">{gpu_labels}</td></tr>'
+        )
+    return (
+        '<table id="nodes"><tr><th>node</th><th>pool</th><th>state</th><th>runs</th>'
+        "<th>capped GPUs</th><th>GPU labels</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def _w(value: float | None) -> str:
+    return "?" if value is None else f"{value:g} W"
+
+
+def _budgets(status: fleet.FleetStatus) -> str:
+    rows = "".join(
+        f'<tr class="budget"><td>{esc(b.pool or "whole fleet")}</td><td>{b.used} of {b.allowed}'
+        f' <progress max="{max(b.allowed, 1)}" value="{b.used}"></progress></td>'
+        f"<td>{esc(', '.join(b.nodes))}</td></tr>"
+        for b in status.budgets
+    )
+    return (
+        '<table id="budgets"><tr><th>pool</th><th>nodes disrupted / allowed</th>'
+        f"<th>disrupted nodes</th></tr>{rows}</table>"
+    )
+
+
+def _breaker(status: fleet.FleetStatus, *, can_reset: bool, csrf: str) -> str:
+    state = status.breaker
+    if state.get("open"):
+        text = (
+            f'<span class="badge open">open</span> since {console.when(state.get("opened_at"))}: '
+            f"{esc(str(state.get('reason') or ''))}. Disruptive steps are held until it is reset."
+        )
+    else:
+        text = '<span class="badge ok">closed</span>'
+        if state.get("reset_at"):
+            text += (
+                f" · reset {console.when(state.get('reset_at'))} by "
+                f"{esc(str(state.get('reset_by')))}: {esc(str(state.get('reset_comment') or ''))}"
+            )
+    form = ""
+    if can_reset and state.get("open"):
+        form = (
+            '<form method="post" action="/runbooks/breaker/reset" id="breaker-reset" '
+            f'class="decision"><input type="hidden" name="csrf" value="{csrf}">'
+            "<label>Why it is safe to go on (kept in the audit trail)<br>"
+            '<textarea name="comment" required maxlength="4000"></textarea></label><br>'
+            '<button type="submit" class="approve">Reset the breaker</button></form>'
+        )
+    return f'<p id="breaker">Circuit breaker: {text}</p>{form}'
+
+
+def _held(status: fleet.FleetStatus) -> str:
+    if not status.held:
+        return '<p id="no-held">No step is held.</p>'
+    rows = "".join(
+        f'<tr class="held"><td>{_runs((h.run,))}</td><td>{esc(h.step)}</td><td>{esc(h.action)}'
+        f"</td><td>{esc(h.node or '')}</td><td>{esc(h.reason)}</td>"
+        f"<td>{console.when(h.until)}</td></tr>"
+        for h in status.held
+    )
+    return (
+        '<table id="held"><tr><th>run</th><th>step</th><th>action</th><th>node</th>'
+        f"<th>reason</th><th>rechecked</th></tr>{rows}</table>"
+    )
+
+
+async def fleet_page(request: web.Request) -> web.Response:
+    principal, via = console.viewer(request)
+    status = await request.app[FLEET].operations.fleet_status()
+    counts: dict[str, int] = {}
+    for node in status.nodes:
+        counts[node.state] = counts.get(node.state, 0) + 1
+    summary = " · ".join(f"{counts[s]} {s}" for s in fleet.STATES if s in counts)
+    problem = ""
+    if status.cluster_error:
+        problem = f'<p class="error" id="cluster-error">{esc(status.cluster_error)}</p>'
+    flash = ""
+    if request.query.get("reset") == "1":
+        flash = '<div class="flash" id="flash" role="status">The breaker is closed.</div>'
+    can_reset = principal.can(auth.Permission.ADMIN)
+    body = (
+        f'<div id="fleet" data-live data-refresh="{REFRESH_SECONDS}"><h1>Fleet</h1>{flash}'
+        f'<p class="muted">{len(status.nodes)} GPU nodes{": " + summary if summary else ""}'
+        f" · as of {console.when(console.now().isoformat())}, refreshed every "
+        f'{REFRESH_SECONDS} s · <a href="/api/v1/fleet">JSON</a></p>{problem}'
+        + _breaker(status, can_reset=can_reset, csrf=console.csrf(request, principal, via))
+        + "<h2>Disruption budget</h2>"
+        + _budgets(status)
+        + "<h2>Held steps</h2>"
+        + _held(status)
+        + "<h2>Nodes</h2>"
+        + _nodes_table(status)
+        + "</div>"
+    )
+    return console.page(
+        "Fleet",
+        body,
+        who=console.who(request, principal, via),
+        script=_FLEET_JS,
+        current="/runbooks/fleet",
+    )
+
+
+async def reset_breaker(request: web.Request) -> web.Response:
+    form, principal = await console.form(request, auth.Permission.ADMIN)
+    comment = str(form.get("comment", "")).strip()
+    if not comment or len(comment) > 4000:
+        return console.error_page(
+            "a comment (at most 4000 characters) is required", status=400, back="/runbooks/fleet"
+        )
+    try:
+        await request.app[FLEET].operations.reset_breaker(principal=principal.name, comment=comment)
+    except errors.RemediatorError as e:
+        return console.error_page(str(e), status=409, back="/runbooks/fleet")
+    raise web.HTTPSeeOther("/runbooks/fleet?reset=1")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/api/v1/fleet", get_fleet)
+    app.router.add_get("/runbooks/fleet", fleet_page)
+    app.router.add_post("/runbooks/breaker/reset", reset_breaker)

@@ -1,0 +1,224 @@
+"""The fleet as remediator sees it: each GPU node's state, the disruption budget in use per
+pool, the breaker and the steps the guards hold.
+
+``assemble`` is pure: the nodes the cluster lists (``None`` when no cluster is configured or it
+could not be read) and what the store records (runs, disruptions, held steps, power caps) come
+in, one ``FleetStatus`` goes out. A node the store names but the cluster does not list is kept,
+so a node that left the cluster while remediator held it still shows.
+
+A node's ``state`` is the most urgent thing about it, in this order: ``held`` (a guard holds a
+step of a run on it), ``draining`` (a drain is running), ``faulty`` (labelled or tainted as
+faulty), ``cordoned`` (unschedulable), ``capped`` (a power cap remediator set is in place),
+``remediating`` (a run is active on it), ``healthy``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from remediator.domain import guards
+
+#: The label and taint the GPU playbooks put on a node they find faulty.
+FAULTY_LABELS = {"gpu-status": "faulty"}
+FAULTY_TAINT = "nvidia.com/gpu-unhealthy"
+#: Actions that evict pods while they run.
+DRAINING_ACTIONS = frozenset({"node.drain", "gpu.drain_workloads"})
+STATES = ("held", "draining", "faulty", "cordoned", "capped", "remediating", "healthy")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClusterNode:
+    name: str
+    labels: Mapping[str, str]
+    taints: tuple[str, ...] = ()
+    unschedulable: bool = False
+    ready: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ActiveRun:
+    id: int
+    node: str
+    playbook: str
+    status: str
+    draining: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Disruption:
+    run: int
+    node: str
+    pool: str | None
+    since: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HeldStep:
+    run: int
+    step: str
+    action: str
+    node: str | None
+    reason: str
+    kind: str = ""
+    until: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CappedGpu:
+    node: str
+    run: int
+    uuid: str
+    limit: float | None
+    previous: float | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Records:
+    """What the store knows about the fleet."""
+
+    runs: tuple[ActiveRun, ...] = ()
+    disruptions: tuple[Disruption, ...] = ()
+    held: tuple[HeldStep, ...] = ()
+    capped: tuple[CappedGpu, ...] = ()
+    breaker: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NodeStatus:
+    name: str
+    pool: str | None
+    state: str
+    detail: str
+    runs: tuple[int, ...]
+    capped_gpus: tuple[CappedGpu, ...]
+    labels: Mapping[str, str]
+    cordoned: bool
+    ready: bool | None
+    known_to_cluster: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Budget:
+    pool: str | None  # None: the whole fleet (no ``pool_label``)
+    used: int
+    allowed: int
+    nodes: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FleetStatus:
+    nodes: tuple[NodeStatus, ...]
+    budgets: tuple[Budget, ...]
+    breaker: Mapping[str, Any]
+    held: tuple[HeldStep, ...]
+    cluster_error: str | None = None
+
+    def node(self, name: str) -> NodeStatus | None:
+        return next((node for node in self.nodes if node.name == name), None)
+
+
+def is_faulty(node: ClusterNode) -> bool:
+    labelled = any(node.labels.get(key) == value for key, value in FAULTY_LABELS.items())
+    return labelled or FAULTY_TAINT in node.taints
+
+
+def _state(
+    node: ClusterNode,
+    *,
+    runs: list[ActiveRun],
+    disrupted_by: list[int],
+    held: list[HeldStep],
+    capped: list[CappedGpu],
+) -> tuple[str, str]:
+    run_ids = sorted({run.id for run in runs} | set(disrupted_by))
+    by = f" by run {', '.join(str(r) for r in run_ids)}" if run_ids else ""
+    if held:
+        return "held", f"run {held[0].run} step {held[0].step} held: {held[0].reason}"
+    draining = [run for run in runs if run.draining]
+    if draining:
+        return "draining", f"drained by run {draining[0].id} ({draining[0].playbook})"
+    if is_faulty(node):
+        return "faulty", "marked faulty" + by
+    if node.unschedulable:
+        return "cordoned", "cordoned" + (by or " (not by remediator)")
+    if capped:
+        return "capped", f"{len(capped)} GPUs power-capped by run {capped[0].run}"
+    if runs:
+        return "remediating", f"run {runs[0].id} ({runs[0].playbook}) is {runs[0].status}"
+    return "healthy", ""
+
+
+def _budgets(
+    config: guards.GuardConfig,
+    listed: list[ClusterNode] | None,
+    disruptions: tuple[Disruption, ...],
+) -> tuple[Budget, ...]:
+    """Budget used and allowed per pool (the pools of the listed nodes and of disruptions)."""
+    pools: dict[str | None, set[str]] = {}
+    if config.pool_label is None:
+        pools[None] = {node.name for node in listed or []}
+    else:
+        for node in listed or []:
+            pools.setdefault(node.labels.get(config.pool_label), set()).add(node.name)
+    used: dict[str | None, set[str]] = {}
+    for disruption in disruptions:
+        pool = disruption.pool if config.pool_label is not None else None
+        used.setdefault(pool, set()).add(disruption.node)
+        pools.setdefault(pool, set())
+    return tuple(
+        Budget(
+            pool=pool,
+            used=len(used.get(pool, ())),
+            allowed=guards.budget_limit(config, len(members) if listed is not None else None),
+            nodes=tuple(sorted(used.get(pool, ()))),
+        )
+        for pool, members in sorted(pools.items(), key=lambda item: item[0] or "")
+    )
+
+
+def assemble(
+    listed: list[ClusterNode] | None,
+    records: Records,
+    *,
+    config: guards.GuardConfig,
+    cluster_error: str | None = None,
+) -> FleetStatus:
+    """Every GPU node with its state, the budgets, the breaker and the held steps."""
+    nodes = {node.name: node for node in listed or []}
+    known = set(nodes)
+    named = [r.node for r in records.runs] + [d.node for d in records.disruptions]
+    named += [h.node for h in records.held if h.node] + [c.node for c in records.capped]
+    for name in named:
+        nodes.setdefault(name, ClusterNode(name=name, labels={}))
+    statuses = []
+    for name in sorted(nodes):
+        node = nodes[name]
+        runs = [run for run in records.runs if run.node == name]
+        disrupted_by = [d.run for d in records.disruptions if d.node == name]
+        held = [h for h in records.held if h.node == name]
+        capped = [c for c in records.capped if c.node == name]
+        state, detail = _state(node, runs=runs, disrupted_by=disrupted_by, held=held, capped=capped)
+        statuses.append(
+            NodeStatus(
+                name=name,
+                pool=node.labels.get(config.pool_label) if config.pool_label else None,
+                state=state,
+                detail=detail,
+                runs=tuple(sorted({run.id for run in runs} | set(disrupted_by))),
+                capped_gpus=tuple(capped),
+                labels=dict(node.labels),
+                cordoned=node.unschedulable,
+                ready=node.ready,
+                known_to_cluster=name in known,
+            )
+        )
+    return FleetStatus(
+        nodes=tuple(statuses),
+        budgets=_budgets(config, listed, records.disruptions),
+        breaker=dict(records.breaker),
+        held=records.held,
+        cluster_error=cluster_error,
+    )
