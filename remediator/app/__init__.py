@@ -95,6 +95,17 @@ def build_registry(plugins: list[str]) -> actions.Registry:
     return registry
 
 
+def build_notifier(settings: settings_mod.Settings) -> notify.WebhookNotifier:
+    """The notifier of the configured channels; their secrets are redacted from every log."""
+    for channel in settings.notify_channels.values():
+        logs.add_secrets(channel.secrets())
+    return notify.WebhookNotifier(
+        settings.notify_channels,
+        routing=settings.notify_routing,
+        external_url=str(settings.external_url) if settings.external_url else None,
+    )
+
+
 class Components:
     """Everything ``create_app`` builds, reachable from tests through ``app[COMPONENTS]``."""
 
@@ -117,7 +128,7 @@ class Components:
         self.queries = queries.Queries(self.db)
         self.registry = registry
         self.rules = Rules(settings.rules, registry)
-        self.notifier = notifier or notify.WebhookNotifier(settings.notify_channels)
+        self.notifier = notifier or build_notifier(settings)
         self.cluster = cluster
         services = executor.Services(
             store=self.store,

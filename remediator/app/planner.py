@@ -7,7 +7,7 @@ import datetime as dt
 import pathlib
 from typing import Any
 
-from remediator.adapters import files, kubernetes, notify
+from remediator.adapters import files, kubernetes
 from remediator.adapters.db import database, migrate, store
 from remediator.app import settings as settings_mod
 from remediator.domain import alerts, playbooks
@@ -38,14 +38,14 @@ async def _store(
 async def plan_body(
     settings: settings_mod.Settings, body: bytes, *, use_database: bool
 ) -> dict[str, Any]:
-    from remediator.app import build_registry
+    from remediator.app import build_notifier, build_registry
 
     payload = alerts.parse_payload(body)
     registry = build_registry(settings.plugins)
     index = playbooks.PlaybookIndex(files.load_playbooks_strict([settings.rules], registry))
     cluster = await kubernetes.connect(settings.kubernetes) if settings.kubernetes else None
     found = await _store(settings) if use_database else None
-    notifier = notify.WebhookNotifier(settings.notify_channels)
+    notifier = build_notifier(settings)
     try:
         previewer = previewing.Previewer(
             index=index,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextvars
 import pathlib
+import re
 from typing import Any, Literal
 
 import pydantic
@@ -16,26 +17,24 @@ from remediator.actions import driver as driver_action
 from remediator.actions import hostexec
 from remediator.actions import reboot as reboot_action
 from remediator.adapters import kubernetes as kube_adapter
+from remediator.adapters.notify import config as notify_config
 from remediator.domain import guards as guards_mod
-from remediator.domain import targeting
+from remediator.domain import notices, targeting
 
 _CONFIG_FILE: contextvars.ContextVar[pathlib.Path | None] = contextvars.ContextVar(
     "config_file", default=None
 )
 
 
-class NotifyChannel(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
-    url: pydantic.AnyHttpUrl = pydantic.Field(description="Webhook URL receiving JSON posts.")
-    headers: dict[str, str] = pydantic.Field(
-        default_factory=dict, description="Extra headers, e.g. an Authorization header."
-    )
-    timeout: float = pydantic.Field(default=10.0, gt=0, le=120)
+NotifyChannel = notify_config.NotifyChannel
 
 
 class Settings(pydantic_settings.BaseSettings):
     model_config = pydantic_settings.SettingsConfigDict(
-        env_prefix="REMEDIATOR_", extra="forbid", env_nested_delimiter="__"
+        env_prefix="REMEDIATOR_",
+        extra="forbid",
+        env_nested_delimiter="__",
+        hide_input_in_errors=True,  # a rejected value may be a secret (a webhook URL, a key)
     )
 
     listen: str = pydantic.Field(
@@ -111,7 +110,14 @@ class Settings(pydantic_settings.BaseSettings):
         "deleted. Runs and the audit log are kept. 0 keeps episodes whole.",
     )
     notify_channels: dict[str, NotifyChannel] = pydantic.Field(
-        default_factory=dict, description="Notification channels by name (used by `notify`)."
+        default_factory=dict,
+        description="Notification channels by name (used by `notify` and the notices of the "
+        "engine); see below for each type.",
+    )
+    notify_routing: notices.Routing = pydantic.Field(
+        default_factory=notices.Routing,
+        description="Where a notify step that names no channel sends: the owner of its "
+        "workload, label routes (first match wins), else the default channel.",
     )
     plugins: list[str] = pydantic.Field(
         default_factory=list,
@@ -302,6 +308,28 @@ class Settings(pydantic_settings.BaseSettings):
     @property
     def should_migrate(self) -> bool:
         return self.is_sqlite if self.migrate_on_start is None else self.migrate_on_start
+
+    @pydantic.model_validator(mode="after")
+    def _notify_channels(self) -> Settings:
+        for name, channel in self.notify_channels.items():
+            if not re.fullmatch(notices.CHANNEL_NAME, name):
+                raise ValueError(f"notify_channels: {name!r} is not a channel name")
+            if channel.type == "alertmanager" and not channel.has_url:
+                if self.alertmanager_url is None:
+                    raise ValueError(
+                        f"notify_channels.{name}: an alertmanager channel needs url (or the "
+                        "alertmanager_url setting)"
+                    )
+                channel.url = pydantic.SecretStr(str(self.alertmanager_url))
+            try:
+                channel.check_sources()
+            except ValueError as e:
+                raise ValueError(f"notify_channels.{name}: {e}") from None
+        routed = self.notify_routing.channel_names() - {self.notify_routing.default_channel}
+        unknown = sorted(routed - set(self.notify_channels))
+        if unknown:
+            raise ValueError(f"notify_routing names channels that are not configured: {unknown}")
+        return self
 
     @pydantic.field_validator("listen")
     @classmethod

@@ -36,7 +36,12 @@ class MissingValue(TemplateError):
     """A reference had no value and no fallback."""
 
 
-def _parse_alternatives(expr: str) -> list[tuple[str, str] | str]:
+Namespaces = Mapping[str, frozenset[str] | None]
+
+
+def _parse_alternatives(
+    expr: str, namespaces: Namespaces = NAMESPACES
+) -> list[tuple[str, str] | str]:
     """``labels.pod or "x"`` → ``[("labels", "pod"), "x"]`` (a str is a literal)."""
     parts = [part.strip() for part in re.split(r"\s+or\s+", expr.strip())]
     alternatives: list[tuple[str, str] | str] = []
@@ -49,16 +54,16 @@ def _parse_alternatives(expr: str) -> list[tuple[str, str] | str]:
         if not ref:
             raise TemplateError(f"cannot parse {part!r}: expected namespace.key or a quoted string")
         namespace, key = ref["ns"], ref["key"]
-        if namespace not in NAMESPACES:
-            raise TemplateError(f"unknown namespace {namespace!r}; use one of {sorted(NAMESPACES)}")
-        allowed = NAMESPACES[namespace]
+        if namespace not in namespaces:
+            raise TemplateError(f"unknown namespace {namespace!r}; use one of {sorted(namespaces)}")
+        allowed = namespaces[namespace]
         if allowed is not None and key not in allowed:
             raise TemplateError(f"unknown key {namespace}.{key}; use one of {sorted(allowed)}")
         alternatives.append((namespace, key))
     return alternatives
 
 
-def validate(text: str) -> None:
+def validate(text: str, *, namespaces: Namespaces = NAMESPACES) -> None:
     """Raise ``TemplateError`` if ``text`` holds a malformed expression."""
     if "{{" not in text and "}}" not in text:
         return
@@ -66,16 +71,21 @@ def validate(text: str) -> None:
     if "{{" in stripped or "}}" in stripped:
         raise TemplateError("unbalanced '{{' or '}}'")
     for found in _EXPR.finditer(text):
-        _parse_alternatives(found[1])
+        _parse_alternatives(found[1], namespaces)
 
 
 def is_template(value: object) -> bool:
     return isinstance(value, str) and "{{" in value
 
 
-def render(text: str, context: Mapping[str, Mapping[str, str]]) -> str:
+def render(
+    text: str,
+    context: Mapping[str, Mapping[str, str]],
+    *,
+    namespaces: Namespaces = NAMESPACES,
+) -> str:
     def substitute(found: re.Match[str]) -> str:
-        for alternative in _parse_alternatives(found[1]):
+        for alternative in _parse_alternatives(found[1], namespaces):
             if isinstance(alternative, str):
                 return alternative
             value = context.get(alternative[0], {}).get(alternative[1])

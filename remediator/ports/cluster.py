@@ -184,6 +184,13 @@ class PodInfo:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class NamespaceInfo:
+    name: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PdbInfo:
     namespace: str
     name: str
@@ -276,6 +283,10 @@ class Cluster(Protocol):
     ) -> list[PodInfo]: ...
 
     async def get_pod(self, namespace: str, name: str) -> PodInfo: ...
+
+    async def get_namespace(self, name: str) -> NamespaceInfo:
+        """A namespace's labels and annotations (who owns its workloads, for notices)."""
+        ...
 
     async def evict_pod(
         self, namespace: str, name: str, *, grace_period_seconds: int | None = None

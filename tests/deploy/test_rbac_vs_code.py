@@ -163,6 +163,7 @@ async def _exercise_cluster(cluster: kubernetes.KubeCluster, store: Any) -> dict
         "replace_node_taints": lambda: _replace_taints(cluster, node),
         "list_pods": lambda: _list_pods(cluster, ns, node),
         "get_pod": lambda: cluster.get_pod(ns, pod),
+        "get_namespace": lambda: cluster.get_namespace(ns),
         "annotate_pod": lambda: cluster.annotate_pod(ns, pod, {"a": "b"}),
         "list_pdbs": lambda: _list_pdbs(cluster, ns),
         "find_driver_pod": lambda: cluster.find_driver_pod(node),

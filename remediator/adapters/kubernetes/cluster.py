@@ -169,6 +169,13 @@ class KubeCluster:
         )
         return convert.pod(self._plain(obj))
 
+    async def get_namespace(self, name: str) -> port.NamespaceInfo:
+        obj = await self._retrier.call(
+            f"get namespace {name}",
+            lambda: self._core.read_namespace(name, _request_timeout=self._timeout),
+        )
+        return convert.namespace(self._plain(obj))
+
     async def evict_pod(
         self, namespace: str, name: str, *, grace_period_seconds: int | None = None
     ) -> port.EvictionResult:

@@ -126,6 +126,15 @@ def _gpus(container: Obj) -> int:
     return 0
 
 
+def namespace(obj: Obj) -> port.NamespaceInfo:
+    meta = _meta(obj)
+    return port.NamespaceInfo(
+        name=meta.get("name", ""),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+    )
+
+
 def pdb(obj: Obj) -> port.PdbInfo:
     meta = _meta(obj)
     selector = (obj.get("spec") or {}).get("selector") or {}

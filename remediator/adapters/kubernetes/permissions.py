@@ -41,6 +41,7 @@ CLUSTER_CALLS: dict[str, tuple[Call, ...]] = {
     "replace_node_taints": (_c("nodes", "patch"),),
     "list_pods": (_c("pods", "list"),),
     "get_pod": (_c("pods", "get"),),
+    "get_namespace": (_c("namespaces", "get"),),
     "evict_pod": (_c("pods/eviction", "create"),),
     "annotate_pod": (_c("pods", "patch"),),
     "list_pdbs": (_c("poddisruptionbudgets", "list", group="policy"),),

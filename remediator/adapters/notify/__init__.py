@@ -1,12 +1,16 @@
 """Notifications over HTTP (httpx), with transport retries (tenacity) inside the adapter only.
 
-A channel is a URL receiving a JSON post. Connection errors, timeouts, 429 (honouring
-``Retry-After``) and 5xx are retried a bounded number of times; any other 4xx is a permanent
-failure. What the engine sees is ``errors.ActionFailed``, never an httpx exception.
+A channel has a type (``config.ChannelType``) deciding the body (``payloads``) and a URL. A
+notice without a channel is routed (``domain.notices``): the owner of its workload, label
+routes, the default channel. Connection errors, timeouts, 429 (honouring ``Retry-After``) and
+5xx are retried a bounded number of times; any other 4xx is a permanent failure. What the
+engine sees is ``errors.ActionFailed`` naming the channel and the reason, never an httpx
+exception and never the channel's URL or keys: every message is scrubbed of them.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -14,9 +18,16 @@ from typing import Any
 import httpx
 import tenacity
 
-from remediator.domain import errors
+from remediator.adapters.notify import config, payloads
+from remediator.domain import errors, notices, templating
+from remediator.ports import notify as port
 
 logger = logging.getLogger("remediator.notify")
+
+NotifyChannel = config.NotifyChannel
+
+#: The console's page of one run (``adapters.http.pages``), below ``external_url``.
+RUN_PAGE = "/runbooks/runs/{run_id}"
 
 
 class _Retryable(Exception):
@@ -37,44 +48,189 @@ def _wait(state: tenacity.RetryCallState) -> float:
     return float(tenacity.wait_exponential(multiplier=0.2, max=5)(state))
 
 
+def scrub(text: str, secrets: list[str]) -> str:
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "[secret]")
+    return text
+
+
 class WebhookNotifier:
+    """Delivers notices to the configured channels (every type, despite the historic name)."""
+
     def __init__(
         self,
         channels: Mapping[str, Any],
         *,
+        routing: notices.Routing | None = None,
+        external_url: str | None = None,
         client: httpx.AsyncClient | None = None,
         attempts: int = 4,
     ) -> None:
-        self.channels = dict(channels)
+        self.channels: dict[str, config.NotifyChannel] = dict(channels)
+        self.routing = routing or notices.Routing()
+        self.external_url = external_url.rstrip("/") if external_url else None
         self.client = client or httpx.AsyncClient()
         self.attempts = attempts
 
     async def send(
         self, *, channel: str, message: str, data: dict[str, Any], idempotency_key: str
     ) -> dict[str, Any]:
-        config = self.channels.get(channel)
-        if config is None:
-            logger.info("notification (channel %s not configured): %s", channel, message)
-            return {
+        run_id = data.get("run_id")
+        return await self.deliver(
+            port.Notice(
+                channel=channel,
+                message=message,
+                data=data,
+                idempotency_key=idempotency_key,
+                run_id=run_id if isinstance(run_id, int) else None,
+                playbook=_text(data.get("playbook")),
+                node=_text(data.get("node")),
+            )
+        )
+
+    def run_url(self, run_id: int | None) -> str | None:
+        if run_id is None or self.external_url is None:
+            return None
+        return self.external_url + RUN_PAGE.format(run_id=run_id)
+
+    def choose(self, notice: port.Notice) -> tuple[notices.Choice, notices.Owner | None]:
+        owner = None
+        if notice.workload is not None:
+            owner = notices.find_owner(self.routing.owner.keys, notice.workload.owner_sources())
+        labels = {**notice.labels, **_run_labels(notice)}
+        choice = notices.choose_channel(
+            self.routing, explicit=notice.channel, labels=labels, owner=owner
+        )
+        return choice, owner
+
+    async def deliver(self, notice: port.Notice) -> dict[str, Any]:
+        choice, owner = self.choose(notice)
+        channel = choice.channel
+        outcome: dict[str, Any] = {"channel": channel, "routed_by": choice.reason}
+        if owner is not None:
+            outcome["owner"] = owner.value
+        if notice.workload is not None and notice.workload.lookup_error:
+            outcome["owner_lookup_error"] = notice.workload.lookup_error
+        config_ = self.channels.get(channel)
+        if config_ is None:
+            logger.info("notification (channel %s not configured): %s", channel, notice.message)
+            return outcome | {
                 "delivered": False,
-                "channel": channel,
-                "message": message,
+                "message": notice.message,
                 "reason": f"channel {channel!r} is not configured; logged only",
             }
-        body = {"message": message, **data}
-        headers = {"Idempotency-Key": idempotency_key, **dict(config.headers)}
+        message = self._message(config_, notice, channel=channel, owner=owner)
+        outcome |= {"type": config_.type, "message": message.text}
+        if config_.type in ("pagerduty", "alertmanager"):
+            outcome["dedup_key"] = message.dedup_key
+        outcome["event"] = "resolve" if notice.resolve else "trigger"
+        secrets = config_.secrets()
         try:
-            status = await self._post(str(config.url), body, headers, float(config.timeout))
+            url, body = self._request(config_, message)
+            headers = {"Idempotency-Key": notice.idempotency_key, **dict(config_.headers)}
+            status = await self._post(url, body, headers, float(config_.timeout))
         except _Retryable as e:
             raise errors.ActionFailed(
-                f"notification to {channel} failed after {self.attempts} attempts: {e}",
+                f"notification to channel {channel} ({config_.type}) failed after "
+                f"{self.attempts} attempts: {scrub(str(e), secrets)}",
                 temporary=True,
-            ) from e
-        return {"delivered": True, "channel": channel, "status": status, "message": message}
+                output=outcome,
+            ) from None
+        except errors.ActionFailed as e:
+            raise errors.ActionFailed(
+                f"notification to channel {channel} ({config_.type}): {scrub(str(e), secrets)}",
+                output=outcome,
+            ) from None
+        except ValueError as e:  # a secret's file or variable is gone
+            raise errors.ActionFailed(
+                f"notification to channel {channel} ({config_.type}) cannot be sent: "
+                f"{scrub(str(e), secrets)}",
+                output=outcome,
+            ) from None
+        return outcome | {"delivered": True, "status": status}
 
-    async def _post(
-        self, url: str, body: dict[str, Any], headers: dict[str, str], timeout: float
-    ) -> int:
+    def _message(
+        self,
+        channel_config: config.NotifyChannel,
+        notice: port.Notice,
+        *,
+        channel: str,
+        owner: notices.Owner | None,
+    ) -> payloads.Message:
+        severity = notice.severity or notices.severity_of(notice.labels.get("severity"))
+        run_url = self.run_url(notice.run_id)
+        if notice.dedup_key:
+            dedup_key = notice.dedup_key
+        elif notice.run_id is not None:
+            dedup_key = f"remediator-run-{notice.run_id}"
+        else:
+            dedup_key = f"remediator-{notice.idempotency_key}"
+        text = notice.message
+        template = channel_config.templates.get(notice.playbook or "") or (
+            channel_config.templates.get("*")
+        )
+        if template:
+            context = {
+                "labels": dict(notice.labels),
+                "annotations": dict(notice.annotations),
+                "data": {key: str(value) for key, value in notice.data.items()},
+                "target": {"node": notice.node or "", "gpu": notice.gpu or ""},
+                "run": {
+                    "id": "" if notice.run_id is None else str(notice.run_id),
+                    "playbook": notice.playbook or "",
+                    "url": run_url or "",
+                },
+                "notice": {
+                    "message": notice.message,
+                    "severity": severity,
+                    "channel": channel,
+                    "event": "resolve" if notice.resolve else "trigger",
+                    "owner": owner.value if owner else "",
+                },
+            }
+            try:
+                text = notices.render_template(template, context)
+            except templating.TemplateError as e:
+                raise errors.ActionFailed(
+                    f"channel {channel}: message template for playbook "
+                    f"{notice.playbook or '(none)'}: {e}"
+                ) from None
+        return payloads.Message(
+            text=text,
+            channel=channel,
+            severity=severity,
+            resolve=notice.resolve,
+            dedup_key=dedup_key,
+            at=notice.at or dt.datetime.now(dt.UTC),
+            data=notice.data,
+            labels=notice.labels,
+            run_id=notice.run_id,
+            run_url=run_url,
+            playbook=notice.playbook,
+            node=notice.node,
+            gpu=notice.gpu,
+            owner=owner.value if owner else None,
+        )
+
+    @staticmethod
+    def _request(
+        channel_config: config.NotifyChannel, message: payloads.Message
+    ) -> tuple[str, Any]:
+        url = channel_config.resolve_url()
+        kind = channel_config.type
+        if kind == "slack":
+            return url, payloads.slack(message)
+        if kind == "msteams":
+            return url, payloads.msteams(message)
+        if kind == "pagerduty":
+            return url, payloads.pagerduty(
+                message, routing_key=channel_config.resolve_routing_key()
+            )
+        if kind == "alertmanager":
+            return url, payloads.alertmanager(message)
+        return url, payloads.webhook(message)
+
+    async def _post(self, url: str, body: Any, headers: dict[str, str], timeout: float) -> int:
         async for attempt in tenacity.AsyncRetrying(
             stop=tenacity.stop_after_attempt(self.attempts),
             wait=_wait,
@@ -92,10 +248,23 @@ class WebhookNotifier:
                     raise _Retryable(f"HTTP {response.status_code}", _retry_after(response))
                 if response.status_code >= 400:
                     raise errors.ActionFailed(
-                        f"notification refused: HTTP {response.status_code} {response.text[:200]}"
+                        f"refused: HTTP {response.status_code} {response.text[:200]}"
                     )
                 return response.status_code
         raise AssertionError("unreachable")
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _run_labels(notice: port.Notice) -> dict[str, str]:
+    """What routes may match besides the alert's labels (the alert's own win)."""
+    extra = {"playbook": notice.playbook, "node": notice.node, "gpu": notice.gpu}
+    found = {key: value for key, value in extra.items() if value and not notice.labels.get(key)}
+    if notice.workload is not None and not notice.labels.get("namespace"):
+        found["namespace"] = notice.workload.namespace
+    return found

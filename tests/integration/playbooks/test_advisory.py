@@ -76,6 +76,10 @@ async def test_low_utilization_annotates_the_pod_notifies_its_owner_and_never_ev
     assert sent["data"]["namespace"] == "inference"
     assert sent["data"]["pod"] == "vllm-llama3-70b-7c9d5"
     assert "inference/vllm-llama3-70b-7c9d5" in sent["message"]
+    workload = sent["notice"].workload  # the owner lookup read the live pod and namespace
+    assert (workload.namespace, workload.pod) == ("inference", "vllm-llama3-70b-7c9d5")
+    assert workload.lookup_error == ""
+    assert sent["notice"].channel is None  # the routing chooses
     pod_events = [
         e["reason"]
         for e in sim.store.list("events", None)
