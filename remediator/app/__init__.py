@@ -103,6 +103,7 @@ def build_notifier(settings: settings_mod.Settings) -> notify.WebhookNotifier:
         settings.notify_channels,
         routing=settings.notify_routing,
         external_url=str(settings.external_url) if settings.external_url else None,
+        on_secrets=logs.add_secrets,
     )
 
 

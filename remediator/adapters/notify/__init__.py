@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -65,8 +65,12 @@ class WebhookNotifier:
         external_url: str | None = None,
         client: httpx.AsyncClient | None = None,
         attempts: int = 4,
+        on_secrets: Callable[[list[str]], None] | None = None,
     ) -> None:
         self.channels: dict[str, config.NotifyChannel] = dict(channels)
+        # Told every secret value before it is used (a file may have been rotated since
+        # start-up), so the log redaction knows it before httpx logs the request line.
+        self.on_secrets = on_secrets
         self.routing = routing or notices.Routing()
         self.external_url = external_url.rstrip("/") if external_url else None
         self.client = client or httpx.AsyncClient()
@@ -125,6 +129,8 @@ class WebhookNotifier:
             outcome["dedup_key"] = message.dedup_key
         outcome["event"] = "resolve" if notice.resolve else "trigger"
         secrets = config_.secrets()
+        if self.on_secrets is not None:
+            self.on_secrets(secrets)
         try:
             url, body = self._request(config_, message)
             headers = {"Idempotency-Key": notice.idempotency_key, **dict(config_.headers)}

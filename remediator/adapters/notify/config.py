@@ -67,6 +67,9 @@ From the environment, as JSON:
 """
 
 
+SENSITIVE_HEADER_WORDS = ("authorization", "token", "key", "secret", "cookie", "signature")
+
+
 class SecretUnavailable(ValueError):
     """A secret's file or environment variable cannot be read (the message names the source,
     never the value)."""
@@ -198,7 +201,11 @@ class NotifyChannel(pydantic.BaseModel):
                 found.append(resolve())
             except ValueError:
                 continue
-        found += [value for value in self.headers.values() if value]
+        found += [
+            value
+            for name, value in self.headers.items()
+            if any(word in name.lower() for word in SENSITIVE_HEADER_WORDS)
+        ]
         return [value for value in found if len(value) >= 4]
 
     def check_sources(self) -> None:

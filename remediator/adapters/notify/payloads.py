@@ -152,7 +152,6 @@ def msteams(message: Message) -> dict[str, Any]:
         ]
     return {
         "type": "message",
-        "summary": _cut(message.title, 200),
         "attachments": [
             {
                 "contentType": "application/vnd.microsoft.card.adaptive",

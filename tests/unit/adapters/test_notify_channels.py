@@ -281,3 +281,23 @@ async def test_legacy_sends_to_a_named_channel_link_the_run_when_they_name_it(se
     )
     [body] = server.bodies()
     assert body["blocks"][-1]["elements"][0]["url"].endswith("/runbooks/runs/9")
+
+
+async def test_secrets_are_told_to_the_log_redaction_before_each_send(server, tmp_path):
+    told: list[str] = []
+    path = tmp_path / "url"
+    path.write_text(server.url("/hooks/s3cr3t-1"))
+    channel = notify.NotifyChannel.model_validate(
+        {
+            "url_file": str(path),
+            "headers": {"Authorization": "Bearer abcdefgh", "X-Environment": "production"},
+        }
+    )
+    notifier = notify.WebhookNotifier({"ops": channel}, on_secrets=told.extend)
+    await notifier.deliver(_notice(channel="ops"))
+    path.write_text(server.url("/hooks/s3cr3t-2"))  # rotated
+    await notifier.deliver(_notice(channel="ops"))
+    assert server.url("/hooks/s3cr3t-1") in told
+    assert server.url("/hooks/s3cr3t-2") in told
+    assert "Bearer abcdefgh" in told
+    assert "production" not in told  # an ordinary header is no secret
