@@ -10,6 +10,7 @@ exception and never the channel's URL or keys: every message is scrubbed of them
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
@@ -163,60 +164,34 @@ class WebhookNotifier:
         channel: str,
         owner: notices.Owner | None,
     ) -> payloads.Message:
-        severity = notice.severity or notices.severity_of(notice.labels.get("severity"))
-        run_url = self.run_url(notice.run_id)
-        if notice.dedup_key:
-            dedup_key = notice.dedup_key
-        elif notice.run_id is not None:
-            dedup_key = f"remediator-run-{notice.run_id}"
-        else:
-            dedup_key = f"remediator-{notice.idempotency_key}"
-        text = notice.message
-        template = channel_config.templates.get(notice.playbook or "") or (
-            channel_config.templates.get("*")
-        )
-        if template:
-            context = {
-                "labels": dict(notice.labels),
-                "annotations": dict(notice.annotations),
-                "data": {key: str(value) for key, value in notice.data.items()},
-                "target": {"node": notice.node or "", "gpu": notice.gpu or ""},
-                "run": {
-                    "id": "" if notice.run_id is None else str(notice.run_id),
-                    "playbook": notice.playbook or "",
-                    "url": run_url or "",
-                },
-                "notice": {
-                    "message": notice.message,
-                    "severity": severity,
-                    "channel": channel,
-                    "event": "resolve" if notice.resolve else "trigger",
-                    "owner": owner.value if owner else "",
-                },
-            }
-            try:
-                text = notices.render_template(template, context)
-            except templating.TemplateError as e:
-                raise errors.ActionFailed(
-                    f"channel {channel}: message template for playbook "
-                    f"{notice.playbook or '(none)'}: {e}"
-                ) from None
-        return payloads.Message(
-            text=text,
+        message = payloads.Message(
+            text=notice.message,
             channel=channel,
-            severity=severity,
+            severity=notice.severity or notices.severity_of(notice.labels.get("severity")),
             resolve=notice.resolve,
-            dedup_key=dedup_key,
+            dedup_key=_dedup_key(notice),
             at=notice.at or dt.datetime.now(dt.UTC),
             data=notice.data,
             labels=notice.labels,
             run_id=notice.run_id,
-            run_url=run_url,
+            run_url=self.run_url(notice.run_id),
             playbook=notice.playbook,
             node=notice.node,
             gpu=notice.gpu,
             owner=owner.value if owner else None,
         )
+        templates = channel_config.templates
+        template = templates.get(notice.playbook or "") or templates.get("*")
+        if not template:
+            return message
+        try:
+            text = notices.render_template(template, _template_context(message, notice))
+        except templating.TemplateError as e:
+            raise errors.ActionFailed(
+                f"channel {channel}: message template for playbook "
+                f"{notice.playbook or '(none)'}: {e}"
+            ) from None
+        return dataclasses.replace(message, text=text)
 
     @staticmethod
     def _request(
@@ -261,6 +236,36 @@ class WebhookNotifier:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+def _dedup_key(notice: port.Notice) -> str:
+    if notice.dedup_key:
+        return notice.dedup_key
+    if notice.run_id is not None:
+        return f"remediator-run-{notice.run_id}"
+    return f"remediator-{notice.idempotency_key}"
+
+
+def _template_context(message: payloads.Message, notice: port.Notice) -> dict[str, dict[str, str]]:
+    """What a channel's template may reference (``notices.TEMPLATE_NAMESPACES``)."""
+    return {
+        "labels": dict(notice.labels),
+        "annotations": dict(notice.annotations),
+        "data": {key: str(value) for key, value in notice.data.items()},
+        "target": {"node": notice.node or "", "gpu": notice.gpu or ""},
+        "run": {
+            "id": "" if notice.run_id is None else str(notice.run_id),
+            "playbook": notice.playbook or "",
+            "url": message.run_url or "",
+        },
+        "notice": {
+            "message": notice.message,
+            "severity": message.severity,
+            "channel": message.channel,
+            "event": "resolve" if notice.resolve else "trigger",
+            "owner": message.owner or "",
+        },
+    }
 
 
 def _text(value: object) -> str | None:
