@@ -130,19 +130,15 @@ class Engine:
         webhook's commits would otherwise queue behind empty engine transactions).
         """
         work = await self.services.store.probe()
-        busy = False
-        if work.episodes:
-            busy |= await self.handle_episodes()
-        if work.expired and self.is_leader():
-            busy |= await self.sweep()
-        if work.startable:
-            busy |= await self.start_runs()
-        if work.advance:
-            busy |= await self.advance_runs()
-        if work.due:
-            busy |= await self.claim_steps()
+        planned = work.episodes and await self.handle_episodes()
+        swept = work.expired and self.is_leader() and await self.sweep()
+        # Each kind of work feeds the next within the same pass: a new episode's run starts,
+        # gets its first step and has it claimed now, not one poll interval per stage later.
+        started = (work.startable or planned) and await self.start_runs()
+        advanced = (work.advance or started) and await self.advance_runs()
+        claimed = (work.due or advanced) and await self.claim_steps()
         await self._expire_silences()
-        return busy
+        return bool(planned or swept or started or advanced or claimed)
 
     async def handle_episodes(self) -> bool:
         index, registry, dry_run = self.rules.index, self.services.registry, self.settings.dry_run

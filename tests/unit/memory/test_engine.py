@@ -358,3 +358,24 @@ async def test_runs_on_the_same_gpu_never_overlap(make_engine):
     await h.settle()
     assert [run.status for run in h.runs()] == [runs.RunStatus.SUCCEEDED] * 3
     assert h.gate.applied == ["hold"] * 3
+
+
+GATE_THEN_RECORD = """
+name: two-steps
+match: {alertname: GPUXidError79}
+steps:
+  - {id: first, action: test.gate, params: {label: first}}
+  - {id: second, action: test.record, params: {label: second}}
+"""
+
+
+async def test_one_pass_turns_a_new_alert_into_its_claimed_first_step(make_engine):
+    """Planning, starting, advancing and claiming feed each other within one pass: the first
+    step of a new episode's run is claimed by the pass that sees the episode, not by later
+    passes one poll interval apart."""
+    h = make_engine(GATE_THEN_RECORD)
+    await h.fire()
+    assert await h.engine.tick()
+    [run] = h.runs()
+    assert (run.status, h.statuses(run.id)) == (runs.RunStatus.RUNNING, ["running", "pending"])
+    await asyncio.wait_for(h.gate.entered.wait(), 5)  # already on its way, with no other pass
