@@ -63,6 +63,9 @@ def _time(name: str, value: str) -> dt.datetime:
     return parsed
 
 
+parse_time = _time
+
+
 def parse_filters(
     request: web.Request, allowed: tuple[str, ...], extra: tuple[str, ...] = ()
 ) -> db_audit.Filters:

@@ -75,6 +75,18 @@ AUDIT_FILTERS = (
     ("run", "integer", "run id"),
 )
 EVENT_FILTERS = (*AUDIT_FILTERS, ("kind", "string", "event kind, e.g. step.transition"))
+# The console's filters: plain strings, since a browser's form sends the empty ones too (a
+# time that is not one is named on the page and left out).
+PAGE_FILTERS = (
+    ("status", "string", "run status (empty: any)"),
+    ("playbook", "string", "playbook name"),
+    ("node", "string", "node name"),
+    ("alert", "string", "alert name"),
+    ("principal", "string", "who triggered or acted"),
+    ("from", "string", "UTC time, e.g. 2026-12-01T03:00 (inclusive)"),
+    ("to", "string", "UTC time (exclusive)"),
+    ("before", "string", "id: the page of older entries"),
+)
 
 
 OPERATIONS: dict[tuple[str, str], Operation] = {
@@ -230,6 +242,24 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         tag="web",
         roles=READ,
         media=HTML,
+    ),
+    ("GET", "/runbooks/runs"): Operation(
+        summary="Web page: runs, filtered and paged, with export links for auditors",
+        tag="web",
+        roles=READ,
+        media=HTML,
+        query=PAGE_FILTERS,
+    ),
+    ("GET", "/runbooks/audit"): Operation(
+        summary="Web page: audit events, filtered and paged, with CSV and JSON Lines exports",
+        tag="web",
+        roles=AUDIT,
+        media=HTML,
+        query=(
+            *PAGE_FILTERS,
+            ("kind", "string", "event kind"),
+            ("run", "integer", "run id"),
+        ),
     ),
     ("GET", "/runbooks/fleet"): Operation(
         summary="Web page: the fleet (nodes, budgets, breaker, held steps), refreshed live",

@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from remediator.adapters.db import queries
-from remediator.adapters.http import api, console, hygiene, runbooks, runpage
+from remediator.adapters.http import api, console, history, hygiene, runbooks, runpage
 from remediator.adapters.http import auth as http_auth
 from remediator.domain import auth, errors
 
@@ -37,16 +37,20 @@ _link = console.link
 # -- sign-in -------------------------------------------------------------------------------
 
 
-def _login_page(request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
+def _login_page(
+    request: web.Request, *, error: str = "", status: int = 200, name: str = ""
+) -> web.Response:
     sessions = request.app[http_auth.SESSIONS]
     nonce = sessions.issue_nonce()
+    shown = f'<p class="error" id="error" role="alert">{esc(error)}</p>' if error else ""
     body = f"""
-<h1>Sign in</h1>{error}
+<h1>Sign in</h1>{shown}
 <form method="post" action="/runbooks/login" id="login">
 <input type="hidden" name="csrf" value="{nonce}">
-<p><label>Name (optional) <input name="name" autocomplete="username"></label></p>
 <p><label>Token <input name="token" type="password" autocomplete="current-password"
- required></label></p>
+ required autofocus></label></p>
+<p><label>Name (optional: the token's name in the tokens file, any case)
+ <input name="name" autocomplete="username" value="{esc(name)}"></label></p>
 <p><button type="submit">Sign in</button></p>
 </form>"""
     response = _page("Sign in", body, status=status)
@@ -86,11 +90,11 @@ async def login(request: web.Request) -> web.Response:
         keys.append(http_auth.name_key(name))
     if throttle is not None:
         await throttle.check(request, *keys)
-    principal = book.authenticate(token, name=name) if book is not None and token else None
+    principal, error = _sign_in_as(book, token, name)
     if principal is None:
         if throttle is not None:
             await throttle.fail("unknown_token", request, *keys)
-        return _login_page(request, error='<p class="error">Unknown token.</p>', status=401)
+        return _login_page(request, error=error, status=401, name=name or "")
     response = web.HTTPSeeOther("/runbooks")
     response.set_cookie(
         http_auth.COOKIE,
@@ -103,6 +107,21 @@ async def login(request: web.Request) -> web.Response:
     )
     response.del_cookie(LOGIN_NONCE, path="/runbooks")
     raise response
+
+
+def _sign_in_as(
+    book: auth.TokenBook | None, token: str, name: str | None
+) -> tuple[auth.Principal | None, str]:
+    """The token's owner; a name, when given, must be the owner's (in any case)."""
+    owner = book.authenticate(token) if book is not None and token else None
+    if owner is None:
+        return None, "Unknown token: check it and try again."
+    if name is not None and name.casefold() != owner.name.casefold():
+        return None, (
+            f"That token is not {name}'s. Leave Name empty to sign in as the token's owner, "
+            "or give the name the tokens file has for it."
+        )
+    return owner, ""
 
 
 async def logout(request: web.Request) -> web.Response:
@@ -282,3 +301,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/runbooks/runs/{run_id}/steps/{step_id}/approve", approve)
     app.router.add_post("/runbooks/runs/{run_id}/steps/{step_id}/reject", reject)
     app.router.add_post("/runbooks/{playbook}/trigger", trigger)
+    history.add_routes(app)

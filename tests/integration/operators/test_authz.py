@@ -59,6 +59,8 @@ MATRIX = [
     ("GET", "/runbooks", "/runbooks", None, READ),
     ("GET", "/runbooks/runs/{run_id}", "/runbooks/runs/1", None, READ),
     ("GET", "/runbooks/fleet", "/runbooks/fleet", None, READ),
+    ("GET", "/runbooks/runs", "/runbooks/runs", None, READ),
+    ("GET", "/runbooks/audit", "/runbooks/audit", None, AUDIT),
     ("GET", "/runbooks/login", "/runbooks/login", None, PUBLIC),
     ("GET", "/", "/", None, PUBLIC),  # a redirect to /runbooks, which checks the caller
 ]

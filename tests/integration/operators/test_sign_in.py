@@ -111,3 +111,24 @@ async def test_api_wrong_tokens_are_throttled_per_address_and_per_name(make_harn
     guess = {"Authorization": "Basic " + base64.b64encode(f"olivia:{WRONG}".encode()).decode()}
     assert (await h.client.get("/api/v1/runs", headers=guess)).status == 429
     assert (await h.client.get("/api/v1/runs", headers=basic("olivia"))).status == 200
+
+
+async def test_sign_in_works_with_or_without_the_name_and_a_wrong_name_keeps_the_form(
+    make_harness, tokens_path
+):
+    h = await make_harness(GATED, tokens=tokens_path)
+    for name in ("", "olivia", "Olivia"):
+        h.client.session.cookie_jar.clear()
+        signed_in = await _post_login(h, await _nonce(h), TOKENS["olivia"][0], name=name)
+        assert signed_in.status == 303, name
+        assert signed_in.headers["Location"] == "/runbooks"
+    h.client.session.cookie_jar.clear()
+    wrong = await _post_login(h, await _nonce(h), TOKENS["olivia"][0], name="Olivia Smith")
+    assert wrong.status == 401
+    page = await wrong.text()
+    assert "That token is not Olivia Smith&#x27;s" in page
+    assert 'id="login"' in page
+    assert 'value="Olivia Smith"' in page
+    unknown = await _post_login(h, _csrf(page), WRONG)
+    assert unknown.status == 401
+    assert "Unknown token" in await unknown.text()
