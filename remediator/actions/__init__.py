@@ -12,6 +12,7 @@ from remediator.actions import (
     kube,
     ladder,
     reboot,
+    recovery,
     remap,
     replacement,
     reset,
@@ -27,6 +28,7 @@ def builtin_registry() -> ports_actions.Registry:
         reboot.RebootAction(),
         replacement.MarkForReplacementAction(),
         remap.RowRemapStatusAction(),
+        recovery.RecoveryAction(),
     ]
     upgrade_actions: list[ports_actions.Action[Any]] = [
         driver.UpgradeDriverAction(),

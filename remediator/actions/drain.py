@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import pydantic
 
-from remediator.actions import clusterops, validation
-from remediator.domain import errors
+from remediator.actions import clusterops, ladder, validation
+from remediator.domain import errors, ladders
 from remediator.ports import actions
 from remediator.ports import cluster as port
 
@@ -47,9 +47,15 @@ class EvictionParams(validation.Model):
     skip_wait_for_delete_timeout_seconds: int = pydantic.Field(0, ge=0)
 
 
+Rungs = Annotated[list[ladders.Rung] | None, pydantic.Field(min_length=1)]
+
+
 class DrainParams(EvictionParams):
     node: validation.NodeName | None = None
     pod_selector: validation.LabelSelector | None = None
+    rungs: Rungs = None
+    """Act only when this run is on one of these rungs (decided by gpu.ladder or
+    gpu.recovery_action); default: always."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,6 +299,9 @@ class DrainAction(actions.Action[DrainParams]):
         return plan_drain(pods, params, now=ctx.now())
 
     async def check(self, ctx: actions.ActionContext, params: DrainParams) -> actions.Check:
+        skip = await ladder.skipped(ctx, params.rungs, params.node)
+        if skip is not None:
+            return actions.Check(in_place=True, output=skip)
         cluster = ctx.require_cluster()
         node = await clusterops.gpu_node(cluster, clusterops.target_node(ctx, params.node))
         if not node.unschedulable:

@@ -38,7 +38,7 @@ from typing import Annotated, Any, ClassVar
 
 import pydantic
 
-from remediator.actions import clusterops, drain, gpu, hostexec, validation
+from remediator.actions import clusterops, drain, gpu, hostexec, ladder, validation
 from remediator.domain import errors
 from remediator.ports import actions
 from remediator.ports import cluster as port
@@ -60,6 +60,9 @@ def host_path(value: str) -> str:
 class GpuDrainParams(gpu.DriverParams, drain.EvictionParams):
     gpu: validation.GpuId | None = None
     """UUID, PCI bus id or index; default: the run's GPU."""
+    rungs: drain.Rungs = None
+    """Act only when this run is on one of these rungs (decided by gpu.ladder or
+    gpu.recovery_action); default: always."""
     use_alert_workload: bool = True
     """Take the holder from the alert's pod labels when the allocation cannot be read."""
     allocation_checkpoint: Annotated[
@@ -150,6 +153,9 @@ class GpuDrainAction(actions.Action[GpuDrainParams]):
     }
 
     async def check(self, ctx: actions.ActionContext, params: GpuDrainParams) -> actions.Check:
+        skip = await ladder.skipped(ctx, params.rungs, params.node)
+        if skip is not None:
+            return actions.Check(in_place=True, output=skip)
         node = await clusterops.gpu_node(
             ctx.require_cluster(), clusterops.target_node(ctx, params.node)
         )

@@ -7,6 +7,9 @@ and says so in its output (``check`` finds it "in place": there is nothing for i
 one playbook holds the whole ladder and every episode runs the same steps under the same
 guards and approvals, acting on one rung only. A step without ``rung`` always acts.
 
+Instead of ``gpu.ladder``, ``gpu.recovery_action`` may decide the rung: the one the driver
+recommends, or none at all (the run is *declined*: every rung step stands aside).
+
 The ladder is kept per GPU: the run's GPU as the alert names it (UUID, PCI bus id or index,
 validated), or node-wide when the alert names none.
 """
@@ -14,6 +17,7 @@ validated), or node-wide when the alert names none.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
 import pydantic
@@ -58,19 +62,32 @@ async def run_rung(ctx: actions.ActionContext, node: str | None = None) -> ladde
 
 
 async def skipped(
-    ctx: actions.ActionContext, wanted: ladders.Rung | None, node: str | None = None
+    ctx: actions.ActionContext,
+    wanted: ladders.Rung | Sequence[ladders.Rung] | None,
+    node: str | None = None,
 ) -> dict[str, Any] | None:
-    """Output of a rung step that has nothing to do on this run's rung; None when it acts."""
+    """Output of a rung step that has nothing to do on this run's rung (one of ``wanted``);
+    None when it acts."""
     if wanted is None:
         return None
+    rungs = [wanted] if isinstance(wanted, ladders.Rung) else list(wanted)
+    shown = " or ".join(r.value for r in rungs)
+    no_rung = ladders.declined(await service(ctx).state(ladder_key(ctx, node)), ctx.run_id)
+    if no_rung is not None:
+        return {
+            "skipped": True,
+            "ladder_rung": None,
+            "step_rung": shown,
+            "reason": f"this episode is on no rung: {no_rung.get('reason', 'declined')}",
+        }
     rung = await run_rung(ctx, node)
-    if rung is wanted:
+    if rung in rungs:
         return None
     return {
         "skipped": True,
         "ladder_rung": rung.value,
-        "step_rung": wanted.value,
-        "reason": f"this episode is on the {rung.value} rung of the ladder, not {wanted.value}",
+        "step_rung": shown,
+        "reason": f"this episode is on the {rung.value} rung of the ladder, not {shown}",
     }
 
 

@@ -15,6 +15,10 @@ Invariants:
   decision (a GPU that faulted once a year is not replaced for it).
 - ``replace`` is the top: further episodes stay there until the GPU (its UUID) is replaced or
   an operator clears the state.
+- A run may instead be *declined* (``decline``: the driver recommends no recovery action):
+  it is on no rung, its rung steps stand aside, and the GPU's ladder (``rung``, ``at``) is
+  left as it was, so a declined episode neither climbs nor resets it. A later escalation of
+  the same run still takes a rung.
 
 The state is a plain dict (JSON in the store); ``history`` keeps the last decisions for the
 audit trail and the replacement notice.
@@ -28,6 +32,8 @@ from collections.abc import Mapping
 from typing import Any
 
 HISTORY = 20
+NO_ACTION = "none"
+"""The rung of a history entry that declines (see ``decline``)."""
 
 
 class Rung(enum.StrEnum):
@@ -50,10 +56,24 @@ def key(node: str, gpu: str | None) -> str:
 
 
 def rung_of_run(state: Mapping[str, Any], run_id: int) -> Rung | None:
-    """The rung recorded for ``run_id`` (its latest entry: escalations come last)."""
+    """The rung recorded for ``run_id`` (its latest entry: escalations come last); None when
+    there is none or the run was declined."""
+    entry = _latest(state, run_id)
+    if entry is None or entry.get("rung") == NO_ACTION:
+        return None
+    return Rung(entry["rung"])
+
+
+def declined(state: Mapping[str, Any], run_id: int) -> dict[str, Any] | None:
+    """The entry that declined ``run_id`` when that is its latest decision, else None."""
+    entry = _latest(state, run_id)
+    return entry if entry is not None and entry.get("rung") == NO_ACTION else None
+
+
+def _latest(state: Mapping[str, Any], run_id: int) -> dict[str, Any] | None:
     for entry in reversed(state.get("history") or []):
         if entry.get("run_id") == run_id:
-            return Rung(entry["rung"])
+            return dict(entry)
     return None
 
 
@@ -90,6 +110,18 @@ def climb(
         rung = above if above.level >= start.level else start
         reason = f"previous episode reached {last}"
     return rung, _with(state, _entry(run_id, rung, now, reason))
+
+
+def decline(
+    state: Mapping[str, Any], *, run_id: int, now: dt.datetime, reason: str
+) -> tuple[Rung | None, dict[str, Any]]:
+    """Put ``run_id`` on no rung, unless it already has one (a decision is never lowered);
+    returns the run's rung (None once declined) and the new state."""
+    current = rung_of_run(state, run_id)
+    if current is not None or declined(state, run_id) is not None:
+        return current, dict(state)
+    entry = {"run_id": run_id, "rung": NO_ACTION, "at": now.isoformat(), "reason": reason}
+    return None, {**state, "history": [*(state.get("history") or []), entry][-HISTORY:]}
 
 
 def escalate(

@@ -3,7 +3,7 @@
 A GPU's ladder lives in ``guard_state`` under ``ladder:<node>:<gpu>``: no table of its own,
 durable across restarts and replicas, and read-modify-written in one transaction, so two runs
 deciding at once cannot both take the same rung. Every decision writes an audit event
-(``ladder.climbed`` / ``ladder.escalated``) linked to the run.
+(``ladder.climbed`` / ``ladder.escalated`` / ``ladder.declined``) linked to the run.
 """
 
 from __future__ import annotations
@@ -63,6 +63,25 @@ class StoreLadder:
             return rung, after
 
         return await self.store.run("ladder.escalate", work)
+
+    async def decline(
+        self, key: str, *, run_id: int, reason: str
+    ) -> tuple[ladders.Rung | None, dict[str, Any]]:
+        def work(tx: store.Tx) -> tuple[ladders.Rung | None, dict[str, Any]]:
+            before = tx.get_guard_state(key)
+            rung, after = ladders.decline(before, run_id=run_id, now=tx.now, reason=reason)
+            if after != before:
+                tx.set_guard_state(key, after)
+                tx.add_event(
+                    "ladder.declined",
+                    actor="engine",
+                    run_id=run_id,
+                    reason=reason,
+                    data={"key": key, "rung": None},
+                )
+            return rung, after
+
+        return await self.store.run("ladder.decline", work)
 
     async def state(self, key: str) -> dict[str, Any]:
         return await self.store.run("ladder.state", lambda tx: tx.get_guard_state(key))

@@ -32,4 +32,10 @@ class Ladder(Protocol):
         """Raise this run's rung to at least ``to``."""
         ...
 
+    async def decline(
+        self, key: str, *, run_id: int, reason: str
+    ) -> tuple[ladders.Rung | None, dict[str, Any]]:
+        """Put this run on no rung unless it has one (``ladders.decline``)."""
+        ...
+
     async def state(self, key: str) -> dict[str, Any]: ...

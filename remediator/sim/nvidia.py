@@ -68,6 +68,9 @@ class Gpu:
     pcie_gen_max: int = 5
     pcie_width_current: int = 16
     pcie_width_max: int = 16
+    recovery_action: str = "None"
+    """What the driver recommends after Xid 154 ("GPU Recovery Action" in ``nvidia-smi -q``):
+    None, GPU Reset, Node Reboot, Drain P2P or Drain and Reset; a reset or reboot clears it."""
     diag_failures: list[str] = dataclasses.field(default_factory=list)
     """DCGM diagnostic tests this GPU fails (``dcgmi diag``), e.g. ``["Memory"]``: hardware
     faults, so neither a reset nor a reboot clears them (see ``dcgm``)."""
@@ -79,6 +82,7 @@ class Gpu:
         self.ecc_corrected_volatile = 0
         self.ecc_uncorrected_volatile = 0
         self.remap_pending = False
+        self.recovery_action = "None"
         self.power_limit = self.default_limit
         self.memory_used = 0
         self.utilization_gpu = 0

@@ -22,6 +22,7 @@ FIELDS: dict[str, Field] = {
     "serial": ("serial", "", lambda h, g: g.serial),
     "uuid": ("uuid", "", lambda h, g: g.uuid),
     "pci.bus_id": ("pci.bus_id", "", lambda h, g: g.pci_bus_id),
+    "gpu_recovery_action": ("gpu_recovery_action", "", lambda h, g: g.recovery_action),
     "driver_version": ("driver_version", "", lambda h, g: h.driver_version),
     "vbios_version": ("vbios_version", "", lambda h, g: g.vbios),
     "persistence_mode": (
@@ -152,6 +153,7 @@ def _gpu_block(gpu: Gpu) -> list[str]:
         _kv(1, "GPU UUID", gpu.uuid),
         _kv(1, "Minor Number", str(gpu.index)),
         _kv(1, "VBIOS Version", gpu.vbios),
+        _kv(1, "GPU Recovery Action", gpu.recovery_action),
         _kv(1, "PCI"),
         _kv(2, "Bus", "0x" + bus[9:11]),
         _kv(2, "Device", "0x" + bus[12:14]),

@@ -55,6 +55,14 @@ class MemoryLadder:
         )
         return rung, self.states[key]
 
+    async def decline(
+        self, key: str, *, run_id: int, reason: str
+    ) -> tuple[ladders.Rung | None, dict[str, Any]]:
+        rung, self.states[key] = ladders.decline(
+            self.states.get(key, {}), run_id=run_id, now=dt.datetime.now(dt.UTC), reason=reason
+        )
+        return rung, self.states[key]
+
     async def state(self, key: str) -> dict[str, Any]:
         return self.states.get(key, {})
 

@@ -5,6 +5,8 @@ playbook through the webhook and runs the catalogue's resolution on the simulato
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from remediator.sim import kubelet, testing
@@ -237,10 +239,11 @@ async def test_an_nvlink_xid_marks_the_node_for_investigation_without_a_reset(
     assert notifier.sent[-1]["data"]["action_needed"] == "investigate-nvlink"
 
 
-async def test_a_recovery_action_xid_drains_the_gpu_and_hands_on_call_the_drivers_table(
-    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, notifier: FakeNotifier
-) -> None:
-    node = "gpu-node-02"
+async def recovery_action_run(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, recommended: str
+) -> dict[str, Any]:
+    """An Xid 154 on GPU 2 of gpu-node-02, whose driver recommends ``recommended``."""
+    sim.gpu("gpu-node-02", 2).recovery_action = recommended
     h = await gpu_harness()
     await post(
         h,
@@ -253,18 +256,57 @@ async def test_a_recovery_action_xid_drains_the_gpu_and_hands_on_call_the_driver
             extra=on_gpu_2_of_node_02(sim),
         ),
     )
-    detail = await only_run(h, playbook="gpu-xid-recovery-action")
+    return await only_run(h, playbook="gpu-xid-recovery-action")
+
+
+async def test_a_recovery_action_xid_resets_the_gpu_when_the_driver_says_drain_and_reset(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, notifier: FakeNotifier
+) -> None:
+    node = "gpu-node-02"
+    detail = await recovery_action_run(gpu_harness, sim, "Drain and Reset")
 
     assert detail["status"] == "succeeded", statuses(detail)
-    assert cordoned(sim, node)
-    assert "inference/vllm-llama3-70b-7c9d5" not in pod_uids(sim, node)
-    assert statuses(detail)["bug-report"] == "succeeded"
+    assert step(detail, "recovery")["output"]["rung"] == "reset"
+    assert step(detail, "recovery")["output"]["recommended"] == "Drain and Reset"
+    assert "inference/vllm-llama3-70b-7c9d5" not in pod_uids(sim, node)  # the GPU's pod only
+    assert step(detail, "reset")["output"]["reset"] is True
+    assert sim.gpu(node, 2).recovery_action == "None"  # the reset cleared it
+    assert step(detail, "drain")["output"]["skipped"] is True
+    assert step(detail, "reboot")["output"]["skipped"] is True
+    assert not cordoned(sim, node)
     assert sim.cluster.reboots == []
-    last = notifier.sent[-1]
-    assert last["data"]["action_needed"] == "follow-recovery-action"
-    assert "gpu_recovery_action" in last["message"]
-    for action in ("GPU Reset", "Node Reboot", "Drain P2P", "Drain and Reset"):
-        assert action in last["message"]
+    assert notifier.sent[-1]["data"]["action_needed"] == "review-recovery"
+
+
+async def test_a_recovery_action_xid_drains_and_reboots_when_the_driver_says_node_reboot(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim
+) -> None:
+    node = "gpu-node-02"
+    detail = await recovery_action_run(gpu_harness, sim, "Node Reboot")
+
+    assert detail["status"] == "succeeded", statuses(detail)
+    assert step(detail, "recovery")["output"]["rung"] == "reboot"
+    assert step(detail, "reset")["output"]["skipped"] is True
+    assert statuses(detail)["drain"] == "succeeded"
+    assert sim.cluster.reboots == [node]
+    assert cordoned(sim, node)  # back to service through return-node-to-service
+
+
+async def test_a_recovery_action_xid_does_nothing_disruptive_when_the_driver_says_none(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim
+) -> None:
+    node = "gpu-node-02"
+    before = pod_uids(sim, node)
+    detail = await recovery_action_run(gpu_harness, sim, "None")
+
+    assert detail["status"] == "succeeded", statuses(detail)
+    assert step(detail, "recovery")["output"]["rung"] is None
+    for key in ("drain-gpu", "reset", "drain", "reboot"):
+        assert step(detail, key)["output"]["skipped"] is True, key
+    assert pod_uids(sim, node) == before
+    assert not cordoned(sim, node)
+    assert sim.cluster.reboots == []
+    assert statuses(detail)["bug-report"] == "succeeded"  # evidence all the same
 
 
 async def test_an_xid_burst_notifies_with_the_count_beside_the_latest_codes_run(

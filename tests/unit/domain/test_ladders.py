@@ -64,3 +64,25 @@ def test_keys_are_per_gpu_and_case_insensitive() -> None:
         "ladder:gpu-node-03:gpu-e9515ed6-254d-5ed7-8e04-aea9cc21a64f"
     )
     assert ladders.key("gpu-node-03", None) == "ladder:gpu-node-03:node"
+
+
+def test_a_declined_run_is_on_no_rung_and_leaves_the_gpus_ladder_as_it_was() -> None:
+    _, state = ladders.climb({}, run_id=1, now=T0, forget_after=MONTH)
+    rung, after = ladders.decline(state, run_id=2, now=T0, reason="driver recommends None")
+    assert rung is None
+    assert ladders.rung_of_run(after, 2) is None
+    assert ladders.declined(after, 2)["reason"] == "driver recommends None"
+    assert (after["rung"], after["at"]) == (state["rung"], state["at"])
+    next_rung, _ = ladders.climb(after, run_id=3, now=T0, forget_after=MONTH)
+    assert next_rung == "reboot"  # the declined episode did not climb
+
+
+def test_a_run_with_a_rung_is_never_declined_but_a_declined_run_can_still_escalate() -> None:
+    rung, state = ladders.escalate({}, run_id=1, to=ladders.Rung.REBOOT, now=T0, reason="x")
+    same, unchanged = ladders.decline(state, run_id=1, now=T0, reason="none")
+    assert (rung, same) == ("reboot", "reboot")
+    assert unchanged == state
+    _, declined = ladders.decline({}, run_id=2, now=T0, reason="none")
+    up, escalated = ladders.escalate(declined, run_id=2, to=ladders.Rung.RESET, now=T0, reason="y")
+    assert up == "reset"
+    assert ladders.declined(escalated, 2) is None
