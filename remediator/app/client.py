@@ -98,6 +98,13 @@ class Client:
         with self.http.stream("GET", "/api/v1/audit/export", params=params) as response:
             if response.status_code >= 400:
                 raise ApiError(response.status_code, response.read().decode(errors="replace"))
+            kind = response.headers.get("content-type", "").split(";")[0].strip()
+            if kind not in ("application/x-ndjson", "text/csv"):
+                raise ApiError(
+                    response.status_code,
+                    f"the answer to {response.request.url} is {kind or 'untyped'}, not an "
+                    "audit export: is this a remediator server?",
+                )
             for chunk in response.iter_bytes():
                 out.write(chunk)
                 written += len(chunk)

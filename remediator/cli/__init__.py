@@ -41,7 +41,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"playbooks are invalid:\n{e}", file=sys.stderr)
         return 2
     except files.TokensInvalid as e:
-        print(f"the tokens file is invalid:\n{e}", file=sys.stderr)
+        problems = "; ".join(" ".join(line.split()) for line in str(e).splitlines() if line)
+        print(f"remediator: the tokens file is invalid: {problems}", file=sys.stderr)
         return 2
     host, port = settings.host_port
     # Everything built so far (imported modules, the Kubernetes client's model classes, the
@@ -287,13 +288,37 @@ def _raised(error: BaseException, module: str, name: str) -> bool:
     return isinstance(kind, type) and isinstance(error, kind)
 
 
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return " ".join(text[0].split()) if text else type(error).__name__
+
+
+def _explain(error: Exception, args: argparse.Namespace) -> tuple[str, int] | None:
+    """What went wrong outside remediator as one line and an exit status; None for a bug."""
+    if _raised(error, "remediator.app.client", "ApiError"):
+        return str(error), 1
+    if _raised(error, "httpx", "InvalidURL"):
+        return f"--server {getattr(args, 'server', '')!r} is not a usable URL: {error}", 2
+    if _raised(error, "httpx", "HTTPError"):
+        where = getattr(args, "server", None) or DEFAULT_SERVER
+        return f"cannot reach the server at {where}: {_one_line(error)}", 2
+    if _raised(error, "remediator.domain.errors", "RemediatorError"):
+        return _one_line(error), 1
+    if _raised(error, "sqlalchemy.exc", "SQLAlchemyError"):
+        return f"database error: {_one_line(error)}", 1
+    if isinstance(error, OSError):
+        return _one_line(error), 1
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a command; what goes wrong outside remediator (a server that does not answer, an
-    API error, a closed pipe, Ctrl-C) is one line on stderr and an exit status, never a
-    traceback."""
+    API error, a database that cannot be reached, a closed pipe, Ctrl-C) is one line on stderr
+    and an exit status, never a traceback."""
     args = build_parser().parse_args(argv)
     try:
         result: int = args.func(args)
+        sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
     except BrokenPipeError:
         # The reader went away (``| head``): stop quietly, and keep Python from complaining
         # when it flushes standard output on exit.
@@ -303,15 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as e:
-        if _raised(e, "remediator.app.client", "ApiError"):
-            print(f"remediator: {e}", file=sys.stderr)
-            return 1
-        if _raised(e, "httpx", "TransportError"):
-            where = getattr(args, "server", None) or DEFAULT_SERVER
-            reason = str(e) or type(e).__name__
-            print(f"remediator: cannot reach the server at {where}: {reason}", file=sys.stderr)
-            return 2
-        raise
+        explained = _explain(e, args)
+        if explained is None:
+            raise
+        message, status = explained
+        print(f"remediator: {message}", file=sys.stderr)
+        return status
     return result
 
 

@@ -11,7 +11,7 @@ import pathlib
 import sys
 from typing import Any
 
-from remediator.cli import options
+from remediator.cli import options, output
 from remediator.domain.audit import EVENT_FILTERS as _AUDIT_FILTERS
 from remediator.domain.runs import RunStatus
 
@@ -28,20 +28,24 @@ def server_url(value: str) -> str:
         value = f"http://{value}"
     scheme = value.split("://", 1)[0].lower()
     if scheme not in ("http", "https"):
-        raise SystemExit(f"--server must be an http:// or https:// URL, got {value!r}")
+        raise SystemExit(f"remediator: --server must be an http:// or https:// URL, got {value!r}")
+    import httpx
+
+    try:
+        host = httpx.URL(value).host
+    except httpx.InvalidURL as e:
+        raise SystemExit(f"remediator: --server {value!r} is not a usable URL: {e}") from None
+    if not host:
+        raise SystemExit(f"remediator: --server {value!r} names no host")
     return value
 
 
 def add_output_option(parser: argparse.ArgumentParser) -> None:
-    from remediator.app import output
-
     parser.add_argument("--output", "-o", choices=output.FORMATS, help=OUTPUT_HELP)
 
 
 def emit(args: argparse.Namespace, value: Any, kind: str) -> None:
     """Print ``value`` (an answer of ``kind``) in the format asked for."""
-    from remediator.app import output
-
     fmt = getattr(args, "output", None) or output.default_format(sys.stdout)
     print(output.render(value, fmt=fmt, kind=kind))
 

@@ -137,3 +137,44 @@ def test_sim_without_tls_writes_a_kubeconfig_outside_the_working_tree_that_kubec
         sim.wait(timeout=30)
     assert sim.returncode == 0
     assert not kubeconfig.exists()  # removed on exit
+
+
+def test_what_goes_wrong_around_real_processes_is_one_line_and_an_exit_status():
+    """The in-process matrix (tests/unit/test_cli_errors.py: every command against a stopped
+    server, wrong URLs and tokens, a closed pipe; serve with a bad tokens file) as real
+    processes, in parallel: nothing is printed at interpreter exit either (Python's last
+    flush of standard output into a closed pipe)."""
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    stopped = subprocess.Popen(
+        [sys.executable, "-m", "remediator", "status", "--server", f"127.0.0.1:{closed_port}"],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    piped = {}
+    for argv in (["schema"], ["runs", "list", "--help"]):  # into a pipe nobody reads
+        read, write = os.pipe()
+        os.close(read)
+        piped[" ".join(argv)] = subprocess.Popen(
+            [sys.executable, "-m", "remediator", *argv],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        os.close(write)
+    _, err = stopped.communicate(timeout=60)
+    assert stopped.returncode == 2
+    assert err.startswith(f"remediator: cannot reach the server at 127.0.0.1:{closed_port}: ")
+    assert len(err.splitlines()) == 1
+    for what, process in piped.items():
+        _, err = process.communicate(timeout=60)
+        assert (process.returncode, err) == (0, ""), what

@@ -12,7 +12,7 @@ import yaml
 from aiohttp import web
 
 from remediator import cli
-from remediator.app import output
+from remediator.cli import output
 
 FLEET = {
     "nodes": [
