@@ -87,7 +87,10 @@ def test_notify_channels_of_every_type_are_accepted(monkeypatch, tmp_path):
 @pytest.mark.parametrize(
     ("channel", "problem"),
     [
-        ({"type": "discord", "url": "https://x.test"}, "type"),
+        (
+            {"type": "discord", "url": "https://x.test"},
+            "Input should be 'webhook', 'slack', 'msteams', 'pagerduty' or 'alertmanager'",
+        ),
         ({"type": "slack"}, "a slack channel needs url, url_file or url_env"),
         ({"url": "https://x.test", "url_env": "X"}, "at most one of url, url_file, url_env"),
         ({"type": "pagerduty"}, "exactly one of routing_key"),
@@ -113,3 +116,14 @@ def test_routing_may_only_name_configured_channels():
         )
     # the default channel may be left unconfigured: its notices are logged only
     settings.Settings(notify_routing={"default_channel": "nowhere"})
+
+
+def test_notify_channels_and_routing_come_from_the_environment_as_json(monkeypatch):
+    monkeypatch.setenv("SLACK_URL", "https://hooks.slack.com/services/T/B/x")
+    monkeypatch.setenv(
+        "REMEDIATOR_NOTIFY_CHANNELS", '{"default": {"type": "slack", "url_env": "SLACK_URL"}}'
+    )
+    monkeypatch.setenv("REMEDIATOR_NOTIFY_ROUTING__OWNER__KEYS", '["squad"]')
+    loaded = settings.load()
+    assert loaded.notify_channels["default"].resolve_url().endswith("/T/B/x")
+    assert loaded.notify_routing.owner.keys == ["squad"]
