@@ -196,7 +196,10 @@ class NotifyChannel(pydantic.BaseModel):
     def secrets(self) -> list[str]:
         """Values to scrub from any text that may reach a log or a step output."""
         found: list[str] = []
-        for resolve in (self.resolve_url, self.resolve_routing_key):
+        sources = [self.resolve_url] if self.has_url else []
+        if self.type == "pagerduty":
+            sources.append(self.resolve_routing_key)
+        for resolve in sources:
             try:
                 found.append(resolve())
             except ValueError:

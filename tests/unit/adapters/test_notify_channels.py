@@ -301,3 +301,11 @@ async def test_secrets_are_told_to_the_log_redaction_before_each_send(server, tm
     assert server.url("/hooks/s3cr3t-2") in told
     assert "Bearer abcdefgh" in told
     assert "production" not in told  # an ordinary header is no secret
+
+
+def test_the_public_pagerduty_endpoint_is_no_secret_but_the_routing_key_is():
+    channel = notify.NotifyChannel.model_validate(
+        {"type": "pagerduty", "routing_key": "R0UTINGKEY0123456789"}
+    )
+    assert channel.resolve_url() == "https://events.pagerduty.com/v2/enqueue"
+    assert channel.secrets() == ["R0UTINGKEY0123456789"]
