@@ -201,7 +201,11 @@ def breaker(state: Mapping[str, Any]) -> str:
     if not field(state, "open"):
         lines = ["breaker: closed (remediation runs)"]
     else:
-        lines = [f"breaker: OPEN — {cell(field(state, 'reason'))}"]
+        since = field(state, "openedAt")
+        lines = [
+            f"breaker: OPEN — {cell(field(state, 'reason'))}"
+            + (f" (since {when(since)} UTC)" if since else "")
+        ]
         lines.append("close it: remediator breaker reset --comment '…'")
     rest = {k: v for k, v in state.items() if k not in ("open", "reason")}
     if rest:
@@ -209,60 +213,87 @@ def breaker(state: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _capped(gpus: Any) -> list[str]:
+    """Capped GPUs as ``GPU-1234abcd… 490 W (was 700 W)`` (or as given)."""
+    shown = []
+    for gpu in gpus or []:
+        if not isinstance(gpu, Mapping):
+            shown.append(str(gpu))
+            continue
+        uuid = str(gpu.get("uuid") or "?")
+        text = uuid if len(uuid) <= 12 else uuid[:12] + "…"
+        if gpu.get("limit") is not None:
+            text += f" {gpu['limit']:g} W"
+        if gpu.get("previous") is not None:
+            text += f" (was {gpu['previous']:g} W)"
+        shown.append(text)
+    return shown
+
+
+def _nodes(nodes: list[Mapping[str, Any]]) -> str:
+    if not nodes:
+        return "no GPU nodes"
+    return table(
+        ["NODE", "POOL", "STATE", "CORDONED", "READY", "RUNS", "CAPPED GPUS", "DETAIL"],
+        (
+            [
+                field(n, "name"),
+                field(n, "pool"),
+                field(n, "state"),
+                field(n, "cordoned"),
+                field(n, "ready"),
+                [f"#{r}" for r in field(n, "runs") or []],
+                _capped(field(n, "cappedGpus")),
+                field(n, "detail"),
+            ]
+            for n in nodes
+        ),
+    )
+
+
+def _held(held: list[Mapping[str, Any]]) -> str:
+    if not held:
+        return "held steps: none"
+    return "held steps:\n" + table(
+        ["RUN", "STEP", "ACTION", "NODE", "UNTIL (UTC)", "REASON"],
+        (
+            [
+                field(h, "run"),
+                field(h, "step"),
+                field(h, "action"),
+                field(h, "node"),
+                when(field(h, "until")),
+                field(h, "reason"),
+            ]
+            for h in held
+        ),
+    )
+
+
 def fleet(view: Mapping[str, Any]) -> str:
     """``GET /api/v1/fleet``: nodes, budgets, breaker, held steps."""
-    nodes = field(view, "nodes") or []
-    parts = [
-        table(
-            ["NODE", "POOL", "STATE", "CORDONED", "RUNS", "CAPPED GPUS", "LABELS"],
-            (
-                [
-                    field(n, "name"),
-                    field(n, "pool"),
-                    field(n, "state"),
-                    field(n, "cordoned"),
-                    [f"#{r}" for r in field(n, "runs") or []],
-                    field(n, "cappedGpus"),
-                    field(n, "labels"),
-                ]
-                for n in nodes
-            ),
-        )
-        if nodes
-        else "no GPU nodes"
-    ]
+    parts = []
+    if field(view, "clusterError"):
+        parts.append(f"cluster: {cell(field(view, 'clusterError'))} (nodes from the store only)")
+    parts.append(_nodes(field(view, "nodes") or []))
     budgets = field(view, "budgets") or []
     if budgets:
         parts.append(
             table(
-                ["POOL", "DISRUPTED", "ALLOWED"],
+                ["POOL", "DISRUPTED", "ALLOWED", "NODES"],
                 (
-                    [field(b, "pool") or "(all)", field(b, "used"), field(b, "allowed")]
+                    [
+                        field(b, "pool") or "(whole fleet)",
+                        field(b, "used"),
+                        field(b, "allowed"),
+                        field(b, "nodes"),
+                    ]
                     for b in budgets
                 ),
             )
         )
     parts.append(breaker(field(view, "breaker") or {}).split("\n", 1)[0])
-    held = field(view, "held") or []
-    if held:
-        parts.append(
-            "held steps:\n"
-            + table(
-                ["RUN", "STEP", "ACTION", "NODE", "REASON"],
-                (
-                    [
-                        field(h, "run"),
-                        field(h, "step"),
-                        field(h, "action"),
-                        field(h, "node"),
-                        field(h, "reason"),
-                    ]
-                    for h in held
-                ),
-            )
-        )
-    else:
-        parts.append("held steps: none")
+    parts.append(_held(field(view, "held") or []))
     return "\n\n".join(parts)
 
 

@@ -14,38 +14,49 @@ from aiohttp import web
 from remediator import cli
 from remediator.cli import output
 
-FLEET = {
+FLEET = {  # GET /api/v1/fleet
     "nodes": [
         {
             "name": "gpu-node-01",
             "pool": "a100",
             "state": "healthy",
+            "detail": "",
             "runs": [],
             "cappedGpus": [],
-            "labels": {},
+            "labels": {"nvidia.com/gpu.count": "8"},
             "cordoned": False,
+            "ready": True,
+            "knownToCluster": True,
         },
         {
             "name": "gpu-node-03",
             "pool": "h100",
-            "state": "cordoned by run 7",
+            "state": "cordoned",
+            "detail": "cordoned by run 7",
             "runs": [7],
-            "cappedGpus": ["3"],
-            "labels": {"remediator.io/faulty": "xid-79"},
+            "cappedGpus": [
+                {"uuid": "GPU-659ac159-c80d-597b", "run": 5, "limit": 490.0, "previous": 700.0}
+            ],
+            "labels": {"gpu-status": "faulty"},
             "cordoned": True,
+            "ready": True,
+            "knownToCluster": True,
         },
     ],
-    "budgets": [{"pool": "h100", "used": 1, "allowed": 1}],
-    "breaker": {"open": True, "reason": "5 disruptive runs in 10m0s"},
+    "budgets": [{"pool": "h100", "used": 1, "allowed": 1, "nodes": ["gpu-node-03"]}],
+    "breaker": {"open": True, "reason": "5 disruptive runs in 10m0s", "openedAt": None},
     "held": [
         {
             "run": 9,
-            "step": 31,
+            "step": "drain",
             "action": "node.drain",
             "node": "gpu-node-04",
             "reason": "pool h100: 1 of 1 nodes disrupted",
+            "kind": "budget",
+            "until": "2026-12-03T08:10:00+00:00",
         }
     ],
+    "clusterError": None,
 }
 
 
@@ -134,15 +145,16 @@ async def test_status_prints_the_fleet_as_a_table(aiohttp_server, capsys):
     out = capsys.readouterr().out
     assert seen == ["Bearer t0ken"]
     node = next(line for line in out.splitlines() if line.startswith("gpu-node-03"))
-    assert node.split()[:6] == ["gpu-node-03", "h100", "cordoned", "by", "run", "7"]
-    assert "#7" in node
-    assert "remediator.io/faulty=xid-79" in node
+    assert node.split()[:6] == ["gpu-node-03", "h100", "cordoned", "yes", "yes", "#7"]
+    assert "GPU-659ac159… 490 W (was 700 W)" in node
+    assert node.endswith("cordoned by run 7")
+    assert "gpu-status" not in out  # labels are for --output json/yaml
     assert "breaker: OPEN — 5 disruptive runs in 10m0s" in out
     held = next(line for line in out.splitlines() if line.startswith("9 "))
-    assert held.split()[:4] == ["9", "31", "node.drain", "gpu-node-04"]
-    assert "pool h100: 1 of 1 nodes disrupted" in held
+    assert held.split()[:6] == ["9", "drain", "node.drain", "gpu-node-04", "2026-12-03", "08:10:00"]
+    assert held.endswith("pool h100: 1 of 1 nodes disrupted")
     budget = next(line for line in out.splitlines() if line.startswith("h100 "))
-    assert budget.split() == ["h100", "1", "1"]
+    assert budget.split() == ["h100", "1", "1", "gpu-node-03"]
 
 
 @pytest.mark.parametrize(("fmt", "load"), [("json", json.loads), ("yaml", yaml.safe_load)])
