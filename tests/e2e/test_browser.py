@@ -1,9 +1,16 @@
 """Debian's Chromium (headless, driven by Debian's chromedriver through selenium) against a
-real ``remediator serve``: an operator signs in, sees the pending drain, approves it with a
-comment and watches it finish; an auditor sees no approve button and a forged post is refused."""
+real ``remediator serve`` and the simulator: an operator signs in, sees on the first screen of
+the run page (at 1,400 x 1,000, without scrolling) the pods the drain will evict and the Approve
+button, sees the node cordoned by the run in the fleet view, approves with a comment, gets a
+confirmation and watches the run finish with its bug report; an auditor follows the run's audit
+link, filters the trail and finds the export links, sees no approve button, and a forged post is
+refused. Screenshots are saved in the test's ``screenshots`` directory (and, when
+``CONSOLE_SCREENSHOTS`` names a directory, there too).
+"""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -17,7 +24,7 @@ from tests.e2e import procs
 from tests.integration.conftest import write_playbooks
 from tests.integration.operators.conftest import TOKENS, alert_body, write_tokens
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
 CHROMEDRIVER = pathlib.Path("/usr/bin/chromedriver")
@@ -34,12 +41,21 @@ steps:
     requires_approval: true
     params: {ignore_daemonsets: true, delete_emptydir_data: true, force: true,
              timeout_seconds: 60}
+  - id: bug-report
+    action: gpu.collect_bug_report
+    params: {safe_mode: true, timeout_seconds: 60}
 """
 SIM_TOKEN = "browser-sim-token"
 
 
-@pytest.fixture
-def sim(tmp_path):
+@pytest.fixture(scope="module")
+def tmp_module(tmp_path_factory):
+    return tmp_path_factory.mktemp("browser")
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_module):
+    tmp_path = tmp_module
     port = procs.free_port()
     process = subprocess.Popen(
         [
@@ -54,6 +70,8 @@ def sim(tmp_path):
             SIM_TOKEN,
             "--time-scale",
             "0.02",
+            "--bug-report-seconds",
+            "0.5",
             "--kubeconfig",
             str(tmp_path / "kubeconfig"),
         ],
@@ -79,8 +97,9 @@ def sim(tmp_path):
         process.wait(20)
 
 
-@pytest.fixture
-def server(tmp_path, sim):
+@pytest.fixture(scope="module")
+def server(tmp_module, sim):
+    tmp_path = tmp_module
     env = {
         "REMEDIATOR_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}",
         "REMEDIATOR_RULES": str(write_playbooks(tmp_path / "rules", DRAIN)),
@@ -90,6 +109,7 @@ def server(tmp_path, sim):
         "REMEDIATOR_KUBERNETES__URL": sim,
         "REMEDIATOR_KUBERNETES__TOKEN": SIM_TOKEN,
         "REMEDIATOR_GUARDS__MAX_PERCENT": "100",
+        "REMEDIATOR_ARTIFACT_DIR": str(tmp_path / "artifacts"),
     }
     serve = procs.Serve(env=env, log=tmp_path / "serve.log").start()
     try:
@@ -106,10 +126,11 @@ def _pod_exists(sim, namespace, name):
     return response.status_code == 200
 
 
-@pytest.fixture
-def browser(tmp_path):
+@pytest.fixture(scope="module")
+def browser(tmp_module):
     from selenium import webdriver
 
+    tmp_path = tmp_module
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
     assert not missing, f"install Debian's chromium and chromium-driver (missing: {missing})"
     options = webdriver.ChromeOptions()
@@ -122,6 +143,8 @@ def browser(tmp_path):
         "--disable-component-update",
         "--disable-sync",
         "--no-first-run",
+        "--window-size=1400,1000",
+        "--hide-scrollbars",
         f"--user-data-dir={tmp_path / 'chromium-profile'}",
     ):
         options.add_argument(flag)
@@ -184,39 +207,153 @@ def _approvals(server):
     return response.json()["items"]
 
 
-def test_operator_approves_a_pending_drain_and_an_auditor_cannot(server, browser, sim):
+def _shoot(driver, tmp_path, name):
+    """A screenshot of the whole page (as tall as its content) among the test's artifacts."""
+    directories = [tmp_path / "screenshots"]
+    if os.environ.get("CONSOLE_SCREENSHOTS"):
+        directories.append(pathlib.Path(os.environ["CONSOLE_SCREENSHOTS"]))
+    for directory in directories:
+        directory.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(directory / f"{name}.png"))
+
+
+def _in_viewport(driver, element):
+    return driver.execute_script(
+        """
+        const box = arguments[0].getBoundingClientRect();
+        return box.top >= 0 && box.left >= 0 && box.height > 0 &&
+               box.bottom <= window.innerHeight && box.right <= window.innerWidth;
+        """,
+        element,
+    )
+
+
+def _horizontal_overflow(driver):
+    return driver.execute_script(
+        "return document.documentElement.scrollWidth - document.documentElement.clientWidth;"
+    )
+
+
+def _run_of(server, node):
+    response = httpx.get(
+        f"{server.url}/api/v1/runs",
+        params={"node": node},
+        headers={"Authorization": f"Bearer {TOKENS['root'][0]}"},
+    )
+    [run] = response.json()["items"]
+    return run["id"]
+
+
+def test_operator_decides_on_the_first_screen_and_sees_the_outcome(server, browser, sim, tmp_path):
     from selenium.webdriver.common.by import By
 
     _post_alert(server, "gpu-node-03")
     _until(lambda: _approvals(server))
+    run_id = _run_of(server, "gpu-node-03")
     assert _pod_exists(sim, "research", "jupyter-alice")
 
+    browser.set_window_size(1400, 1000)
     _sign_in(browser, server, "olivia")
     row = browser.find_element(By.CSS_SELECTOR, "#approvals tr.pending-approval")
     assert "gpu-node-03" in row.text
     assert "GPUXidError79" in row.text
-    row.find_element(By.LINK_TEXT, "run 1").click()
-    _until(lambda: "jupyter-alice" in browser.find_element(By.ID, "plan").text)
-    pod = browser.find_element(By.CSS_SELECTOR, "#plan tr.evict-pod")
-    assert pod.text.split()[:2] == ["research", "jupyter-alice"]
+    row.find_element(By.LINK_TEXT, f"run {run_id}").click()
+    _until(lambda: browser.find_elements(By.CSS_SELECTOR, "#plan tr.evict-pod"))
     assert browser.find_element(By.ID, "run-status").text == "waiting_approval"
-    form = browser.find_element(By.CSS_SELECTOR, "form.decision[action$='/approve']")
+    assert browser.execute_script("return window.innerHeight") >= 800  # the window, less its bars
+    pods = browser.find_element(By.CSS_SELECTOR, "#plan table.evictions")
+    pod = pods.find_element(By.CSS_SELECTOR, "tr.evict-pod")
+    assert pod.text.split()[:2] == ["research", "jupyter-alice"]
+    approve = browser.find_element(By.CSS_SELECTOR, "form.decision button.approve")
+    assert _in_viewport(browser, approve), "Approve needs no scrolling at 1,400 x 1,000"
+    assert _in_viewport(browser, pods), "the pods to evict need no scrolling at 1,400 x 1,000"
+    assert "0 of 1 approvals" in browser.find_element(By.ID, "decision").text
+    assert browser.find_element(By.ID, "alertname").text == "GPUXidError79"
+    assert browser.find_element(By.CSS_SELECTOR, "#alert time").get_attribute("title")
+    _shoot(browser, tmp_path, "run-decision")
+    browser.set_window_size(1280, 1000)
+    assert _horizontal_overflow(browser) <= 0, "no horizontal scrolling at 1,280 px"
+    browser.set_window_size(1400, 1000)
+
+    browser.find_element(By.LINK_TEXT, "Fleet").click()
+    node = _until(lambda: browser.find_element(By.ID, "node-gpu-node-03"))
+    assert node.get_attribute("data-state") == "cordoned"
+    assert "cordoned by run" in node.text
+    assert node.find_element(By.LINK_TEXT, f"run {run_id}")
+    assert "1 of" in browser.find_element(By.ID, "budgets").text
+    _shoot(browser, tmp_path, "fleet")
+    node.find_element(By.LINK_TEXT, f"run {run_id}").click()
+
+    form = _until(lambda: browser.find_element(By.CSS_SELECTOR, "form.decision"))
     form.find_element(By.NAME, "comment").send_keys("drain approved from the browser")
     form.find_element(By.CSS_SELECTOR, "button.approve").click()
-    _until(lambda: browser.find_element(By.ID, "run-status").text == "succeeded", timeout=60)
-    statuses = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".step-status")]
-    assert statuses == ["succeeded", "succeeded"]
+    flash = _until(lambda: browser.find_element(By.ID, "flash"))
+    assert "You approved step drain" in flash.text
+    assert "drain approved from the browser" in flash.text
+    _until(lambda: browser.find_element(By.ID, "run-status").text == "succeeded", timeout=40)
+    statuses = _until(
+        lambda: (
+            [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".step-status")]
+            == ["succeeded"] * 3
+            and browser.find_elements(By.CSS_SELECTOR, "#steps .artifact")
+        )
+    )
+    assert statuses
     assert not _pod_exists(sim, "research", "jupyter-alice")
     assert browser.find_elements(By.CSS_SELECTOR, "button.approve") == []
+    artifact = browser.find_element(By.CSS_SELECTOR, "#steps .artifact")
+    assert len(artifact.find_element(By.CSS_SELECTOR, ".sha256").text) == 64
+    assert browser.find_elements(By.CSS_SELECTOR, "#links a.artifact-link")
+    assert browser.find_element(By.CSS_SELECTOR, "#steps progress.drain")
+    kinds = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#events tr.event")]
+    assert any("approval" in kind for kind in kinds)
+    _shoot(browser, tmp_path, "run-finished")
+
+
+def test_an_auditor_filters_the_trail_exports_it_and_cannot_approve(server, browser, tmp_path):
+    from selenium.webdriver.common.by import By
 
     _post_alert(server, "gpu-node-04")
-    [pending] = _until(lambda: _approvals(server))
+    [pending] = _until(lambda: [a for a in _approvals(server) if a["run"]["node"] == "gpu-node-04"])
     run_id, step_id = pending["run"]["id"], pending["step"]["id"]
     _sign_in(browser, server, "ada")
     browser.get(f"{server.url}/runbooks/runs/{run_id}")
     _until(lambda: browser.find_element(By.ID, "run-status").text == "waiting_approval")
     assert browser.find_elements(By.CSS_SELECTOR, "button.approve") == []
     assert browser.find_elements(By.CSS_SELECTOR, "form.decision") == []
+
+    browser.find_element(By.ID, "audit-link").click()
+    _until(lambda: browser.find_elements(By.CSS_SELECTOR, "#audit-events tr.event"))
+    runs = {link.text for link in browser.find_elements(By.CSS_SELECTOR, "#audit-events td a")}
+    assert runs == {f"run {run_id}"}
+    export = browser.find_element(By.ID, "export-csv").get_attribute("href")
+    assert f"run={run_id}" in export
+    assert "format=csv" in export
+
+    browser.get(f"{server.url}/runbooks/audit")
+    filters = browser.find_element(By.ID, "filters")
+    filters.find_element(By.NAME, "node").send_keys("gpu-node-04")
+    filters.find_element(By.NAME, "kind").send_keys("run.created")
+    filters.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    _until(lambda: "node=gpu-node-04" in browser.current_url)
+    rows = browser.find_elements(By.CSS_SELECTOR, "#audit-events tr.event")
+    assert len(rows) == 1
+    assert "run.created" in rows[0].text
+    export = browser.find_element(By.ID, "export-jsonl").get_attribute("href")
+    assert "node=gpu-node-04" in export
+    assert "kind=run.created" in export
+    exported = browser.execute_async_script(
+        """
+        const done = arguments[arguments.length - 1];
+        fetch(arguments[0], {credentials: "same-origin"})
+          .then((r) => r.text().then((t) => done([r.status, t])), () => done([-1, ""]));
+        """,
+        export,
+    )
+    assert exported[0] == 200
+    assert '"run.created"' in exported[1]
+    _shoot(browser, tmp_path, "audit")
+
     forged = browser.execute_async_script(
         """
         const done = arguments[arguments.length - 1];
@@ -238,4 +375,4 @@ def test_operator_approves_a_pending_drain_and_an_auditor_cannot(server, browser
         f"/api/v1/runs/{run_id}/steps/{step_id}/approve",
     )
     assert api_forged == 401
-    assert _approvals(server)[0]["step"]["id"] == step_id
+    assert [a["step"]["id"] for a in _approvals(server)] == [step_id]

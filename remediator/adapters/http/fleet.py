@@ -153,7 +153,7 @@ def _nodes_table(status: fleet.FleetStatus) -> str:
         )
         ready = ' <span class="badge failed">not ready</span>' if node.ready is False else ""
         gpu_labels = ", ".join(
-            f"{esc(k)}={esc(v)}" for k, v in sorted(node.labels.items()) if "gpu" in k.lower()
+            f"{esc(k)}={esc(v)}" for k, v in sorted(node.labels.items()) if _shown_label(k)
         )
         rows.append(
             f'<tr class="node" id="node-{esc(node.name)}" data-state="{esc(node.state)}">'
@@ -162,12 +162,20 @@ def _nodes_table(status: fleet.FleetStatus) -> str:
             f"<td>{esc(node.pool or '')}</td>"
             f'<td><span class="badge {esc(node.state)}">{esc(node.state)}</span> '
             f"{esc(node.detail)}</td><td>{_runs(node.runs)}</td><td>{caps}</td>"
-            f'<td class="muted">{gpu_labels}</td></tr>'
+            f'<td class="muted wrap">{gpu_labels}</td></tr>'
         )
     return (
         '<table id="nodes"><tr><th>node</th><th>pool</th><th>state</th><th>runs</th>'
-        "<th>capped GPUs</th><th>GPU labels</th></tr>" + "".join(rows) + "</table>"
+        "<th>capped GPUs</th><th>labels</th></tr>" + "".join(rows) + "</table>"
     )
+
+
+#: Labels worth a glance at 3 a.m.: the GPU model, health marks and driver upgrades.
+SHOWN_LABELS = ("gpu.product", "gpu-status", "gpu-watch", "driver-upgrade", "remediator.io/")
+
+
+def _shown_label(key: str) -> bool:
+    return any(part in key for part in SHOWN_LABELS)
 
 
 def _w(value: float | None) -> str:

@@ -45,11 +45,16 @@ def pods_table(preview: dict[str, Any]) -> str:
             f"<td>{verdict}</td></tr>"
         )
     return (
-        f'<table class="evictions"><caption class="muted">{len(pods)} pods will be evicted'
+        f'<table class="evictions"><caption class="muted">{_count(len(pods), "pod")} will be '
+        "evicted"
         "</caption><tr><th>namespace</th><th>pod</th><th>owner</th><th>GPUs</th><th>now</th></tr>"
         + "".join(rows)
         + "</table>"
     )
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def pdb_table(preview: dict[str, Any]) -> str:

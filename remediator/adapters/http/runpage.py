@@ -124,7 +124,7 @@ def _flash(detail: dict[str, Any], request: web.Request, principal: auth.Princip
         "waiting_approval": f"{given} of {step['approvalsRequired']} approvals: it waits for more.",
         "rejected": "The run ends without running it.",
         "pending": "The step runs as soon as the fleet guards let it.",
-    }.get(step["status"], f"The step is {step['status']} now.")
+    }.get(step["status"], f"The step's status is now {step['status']}.")
     return (
         f'<div class="flash" id="flash" role="status">You {verb} step '
         f"<strong>{esc(step['key'])}</strong> {console.when(decision['at'])}: "
@@ -135,8 +135,11 @@ def _flash(detail: dict[str, Any], request: web.Request, principal: auth.Princip
 def _upcoming(plan: dict[str, Any] | None, detail: dict[str, Any]) -> str:
     if plan is None:
         if detail["status"] not in ACTIVE:
-            return ""
-        return '<p class="muted" id="plan">Live state could not be read in time.</p>'
+            return '<div id="next" data-live></div>'
+        return (
+            '<div id="next" data-live><p class="muted" id="plan">Live state could not be read '
+            "in time.</p></div>"
+        )
     parts = []
     for step in plan.get("steps", []):
         if step.get("status") not in ("pending", "waiting_approval"):
@@ -158,8 +161,12 @@ def _upcoming(plan: dict[str, Any] | None, detail: dict[str, Any]) -> str:
             + "</section>"
         )
     if not parts:
-        return ""
-    return '<div id="plan"><h2>What happens next</h2>' + "".join(parts) + "</div>"
+        return '<div id="next" data-live></div>'
+    return (
+        '<div id="next" data-live><div id="plan"><h2>What happens next</h2>'
+        + "".join(parts)
+        + "</div></div>"
+    )
 
 
 def _undo(detail: dict[str, Any], playbook: Any, registry: Any) -> str:
@@ -194,7 +201,7 @@ def _timeline(detail: dict[str, Any]) -> str:
             f"{esc(step['status'])}</span></td>"
             f"<td>{console.when(step['startedAt'])}</td>"
             f"<td>{console.between(step['startedAt'], step['finishedAt'])}</td>"
-            f'<td class="step-progress">{outputs.output(step)}</td><td>{approvals}</td></tr>'
+            f'<td class="step-progress wrap">{outputs.output(step)}</td><td>{approvals}</td></tr>'
         )
     return (
         '<div id="timeline" data-live><h2>Timeline</h2><table id="steps"><tr><th>#</th>'
@@ -203,7 +210,7 @@ def _timeline(detail: dict[str, Any]) -> str:
     )
 
 
-def _links(detail: dict[str, Any]) -> str:
+def _links(detail: dict[str, Any], *, can_audit: bool) -> str:
     items = []
     if detail.get("parentRunId"):
         parent = detail["parentRunId"]
@@ -220,8 +227,9 @@ def _links(detail: dict[str, Any]) -> str:
         )
     for href in links.get("deliveries", []):
         items.append(f'<li>alert delivery <a href="{esc(href)}">{esc(href)}</a></li>')
-    audit = f"/runbooks/audit?run={detail['id']}"
-    items.append(f'<li><a id="audit-link" href="{audit}">audit trail of this run</a></li>')
+    if can_audit:
+        audit = f"/runbooks/audit?run={detail['id']}"
+        items.append(f'<li><a id="audit-link" href="{audit}">audit trail of this run</a></li>')
     return '<div id="links" data-live><h2>Related</h2><ul>' + "".join(items) + "</ul></div>"
 
 
@@ -275,7 +283,7 @@ async def run_page(request: web.Request) -> web.Response:
         + _upcoming(plan, detail)
         + _undo(detail, playbook, rules.registry)
         + _timeline(detail)
-        + _links(detail)
+        + _links(detail, can_audit=principal.can(auth.Permission.AUDIT))
         + _events(detail)
         + "</div>"
     )
