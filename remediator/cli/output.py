@@ -316,7 +316,7 @@ def _plan_step(step: Mapping[str, Any]) -> list[Any]:
 def plan(result: Mapping[str, Any]) -> str:
     parts = [f"cluster: {field(result, 'cluster')}; guards: {field(result, 'guards')}"]
     for alert in field(result, "alerts") or []:
-        lines = [f"alert: {field(alert, 'alert')}"]
+        lines = [f"alert: {_alert_line(field(alert, 'alert'))}"]
         for note in (field(alert, "note"), field(alert, "deduplicated")):
             if note:
                 lines.append(f"  {note}")
@@ -337,7 +337,18 @@ def plan(result: Mapping[str, Any]) -> str:
                 )
                 lines.extend("    " + line for line in rendered.splitlines())
         parts.append("\n".join(lines))
+    parts.append("live state in full (pods a drain evicts, current values): --output yaml")
     return "\n\n".join(parts)
+
+
+def _alert_line(alert: Any) -> str:
+    if not isinstance(alert, Mapping):
+        return cell(alert)
+    started = field(alert, "startsAt")
+    return (
+        f"{alert.get('alertname')} {alert.get('status')} (fingerprint "
+        f"{alert.get('fingerprint')}" + (f", since {when(started)} UTC)" if started else ")")
+    )
 
 
 _TABLES: dict[str, Callable[[Any], str]] = {

@@ -181,3 +181,45 @@ async def test_an_api_error_is_its_code_and_message_on_one_line(aiohttp_server, 
     assert await asyncio.to_thread(cli.main, ["status", "--server", where]) == 1
     err = capsys.readouterr().err
     assert err == "remediator: HTTP 403: forbidden: needs read\n"
+
+
+def test_a_plan_table_says_which_alert_is_deduplicated_and_what_the_others_would_do():
+    plan = {
+        "cluster": "connected",
+        "guards": "evaluated",
+        "alerts": [
+            {
+                "alert": {"alertname": "GPUXidError79", "status": "firing", "fingerprint": "86"},
+                "deduplicated": "deduplicated: a repeat of episode 1; it starts no run.",
+                "playbooks": [],
+            },
+            {
+                "alert": {"alertname": "GPUTemperatureHigh", "status": "firing"},
+                "deduplicated": "",
+                "playbooks": [
+                    {
+                        "playbook": "hot",
+                        "node": "gpu-node-01",
+                        "gpu": "0",
+                        "status": "pending",
+                        "steps": [
+                            {
+                                "key": "drain",
+                                "action": "node.drain",
+                                "requires_approval": True,
+                                "guard": {"go": False, "reason": "breaker open"},
+                                "preview": {"would": "drain gpu-node-01"},
+                            }
+                        ],
+                    }
+                ],
+            },
+        ],
+    }
+    text = output.render(plan, fmt="table", kind="plan")
+    assert "alert: GPUXidError79 firing (fingerprint 86)\n  deduplicated: a repeat" in text
+    assert "no playbook matches" not in text
+    assert "playbook hot on gpu-node-01 GPU 0: would be pending" in text
+    drain = next(line for line in text.splitlines() if line.strip().startswith("drain"))
+    assert drain.split()[:4] == ["drain", "node.drain", "yes", "held:"]
+    assert drain.endswith("drain gpu-node-01")
