@@ -4,8 +4,8 @@ the run page (at 1,400 x 1,000, without scrolling) the pods the drain will evict
 button, sees the node cordoned by the run in the fleet view, approves with a comment, gets a
 confirmation and watches the run finish with its bug report; an auditor follows the run's audit
 link, filters the trail and finds the export links, sees no approve button, and a forged post is
-refused. Screenshots are saved in the test's ``screenshots`` directory (and, when
-``CONSOLE_SCREENSHOTS`` names a directory, there too).
+refused. Screenshots are saved in the test's ``screenshots`` directory;
+``CONSOLE_SCREENSHOTS=docs`` also writes the README's ``docs/console.png``.
 """
 
 from __future__ import annotations
@@ -207,14 +207,14 @@ def _approvals(server):
     return response.json()["items"]
 
 
-def _shoot(driver, tmp_path, name):
-    """A screenshot of the whole page (as tall as its content) among the test's artifacts."""
-    directories = [tmp_path / "screenshots"]
-    if os.environ.get("CONSOLE_SCREENSHOTS"):
-        directories.append(pathlib.Path(os.environ["CONSOLE_SCREENSHOTS"]))
-    for directory in directories:
-        directory.mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(directory / f"{name}.png"))
+def _shoot(driver, tmp_path, name, *, publish=False):
+    """A screenshot of the window among the test's artifacts; the one the README shows
+    (``publish``) also goes to ``$CONSOLE_SCREENSHOTS/console.png`` when that is set."""
+    directory = tmp_path / "screenshots"
+    directory.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(directory / f"{name}.png"))
+    if publish and os.environ.get("CONSOLE_SCREENSHOTS"):
+        driver.save_screenshot(str(pathlib.Path(os.environ["CONSOLE_SCREENSHOTS"]) / "console.png"))
 
 
 def _in_viewport(driver, element):
@@ -270,7 +270,7 @@ def test_operator_decides_on_the_first_screen_and_sees_the_outcome(server, brows
     assert "0 of 1 approvals" in browser.find_element(By.ID, "decision").text
     assert browser.find_element(By.ID, "alertname").text == "GPUXidError79"
     assert browser.find_element(By.CSS_SELECTOR, "#alert time").get_attribute("title")
-    _shoot(browser, tmp_path, "run-decision")
+    _shoot(browser, tmp_path, "run-decision", publish=True)
     browser.set_window_size(1280, 1000)
     assert _horizontal_overflow(browser) <= 0, "no horizontal scrolling at 1,280 px"
     browser.set_window_size(1400, 1000)
