@@ -120,6 +120,11 @@ class NotifyAction(actions.Action[NotifyParams]):
     async def apply(self, ctx: actions.ActionContext, params: NotifyParams) -> dict[str, Any]:
         return await ctx.notifier.deliver(await _notice(ctx, params, resolve=params.resolve))
 
+    async def preview(self, ctx: actions.ActionContext, params: NotifyParams) -> dict[str, Any]:
+        """Where the notice would go (channel, type, why), read from live state."""
+        notice = await _notice(ctx, params, resolve=params.resolve)
+        return {"would": self.describe(params), "route": ctx.notifier.route(notice)}
+
     async def undo(self, ctx: actions.ActionContext, params: NotifyParams) -> dict[str, Any]:
         applied = ctx.applied_output
         channel = applied.get("channel") if applied.get("delivered") else None

@@ -72,3 +72,6 @@ class Notifier(Protocol):
     async def deliver(self, notice: Notice) -> dict[str, Any]:
         """Route and deliver a notice; return what was delivered (for the step output).
         Raises ``errors.ActionFailed`` when the channel refuses it or cannot be reached."""
+
+    def route(self, notice: Notice) -> dict[str, Any]:
+        """Where ``deliver`` would send the notice and why, sending nothing (for plans)."""

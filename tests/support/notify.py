@@ -32,6 +32,9 @@ class FakeNotifier:
         )
         return {"delivered": True, "channel": channel}
 
+    def route(self, notice: notify.Notice) -> dict[str, Any]:
+        return {"channel": notice.channel or "default", "routed_by": "fake", "type": None}
+
     def messages(self) -> list[str]:
         return [s["message"] for s in self.sent]
 

@@ -108,6 +108,22 @@ class WebhookNotifier:
         )
         return choice, owner
 
+    def route(self, notice: port.Notice) -> dict[str, Any]:
+        choice, owner = self.choose(notice)
+        channel = self.channels.get(choice.channel)
+        found: dict[str, Any] = {
+            "channel": choice.channel,
+            "routed_by": choice.reason,
+            "type": channel.type if channel else None,
+        }
+        if channel is None:
+            found["reason"] = f"channel {choice.channel!r} is not configured; logged only"
+        if owner is not None:
+            found["owner"] = owner.value
+        if notice.workload is not None and notice.workload.lookup_error:
+            found["owner_lookup_error"] = notice.workload.lookup_error
+        return found
+
     async def deliver(self, notice: port.Notice) -> dict[str, Any]:
         choice, owner = self.choose(notice)
         channel = choice.channel

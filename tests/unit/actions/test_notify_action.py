@@ -180,3 +180,18 @@ def test_a_notify_step_names_no_channel_by_default_and_describes_where_it_goes()
     assert action.describe(action.parse({"message": "m", "resolve": True})) == (
         "resolve on the routed channel: m"
     )
+
+
+async def test_a_plan_shows_where_the_notice_would_go_and_sends_nothing(server):
+    pod = _pod("research", "jupyter-alice", labels={"team": "vision-team"})
+    cluster = PodsOnly({"research/jupyter-alice": pod}, namespaces={"research": {}})
+    action = basic.NotifyAction()
+    preview = await action.preview(_ctx(_notifier(server), cluster), action.parse(PARAMS))
+    assert preview["route"] == {
+        "channel": "vision",
+        "routed_by": "owner vision-team (pod label team)",
+        "type": "slack",
+        "owner": "vision-team",
+    }
+    assert preview["would"] == "notify the owner of research/jupyter-alice: idle GPU"
+    assert server.requests == []
