@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from remediator.domain import alerts
 from tests.contract.plans import NODE, fire, run
 from tests.support.alerts import alert_body
@@ -74,3 +76,13 @@ async def test_the_alert_sender_is_the_principal_of_the_episodes_first_delivery(
     assert await run(backend, lambda tx: tx.alert_sender(episodes["f1"])) == "am-primary"
     assert await run(backend, lambda tx: tx.alert_sender(episodes["f2"])) is None
     assert await run(backend, lambda tx: tx.alert_sender(10**6)) is None
+
+
+async def test_an_episode_is_found_by_the_fingerprint_and_start_intake_keys_it_on(backend):
+    episode = await fire(backend)
+    found = await run(backend, lambda tx: tx.find_episode("f0", episode.starts_at))
+    assert found is not None
+    assert found.id == episode.id
+    later = episode.starts_at + dt.timedelta(seconds=1)
+    assert await run(backend, lambda tx: tx.find_episode("f0", later)) is None
+    assert await run(backend, lambda tx: tx.find_episode("f1", episode.starts_at)) is None
