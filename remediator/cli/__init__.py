@@ -1,5 +1,8 @@
-"""``remediator``: serve, migrate, lint, schema, sim, and the operator commands (runs,
-runbook, breaker, audit) that talk to a server's API with a token."""
+"""``remediator``: serve, migrate, lint, plan, schema, docs, sim and demo here; the operator
+commands that talk to a server's API with a token (status, runs, runbook, breaker, audit) in
+``operators``, what they print in ``output``.
+
+``main`` turns what goes wrong around a command into one line on stderr and an exit status."""
 
 from __future__ import annotations
 
