@@ -176,9 +176,17 @@ class Queries:
             episode = None
             if run.episode_id is not None:
                 found = (
-                    await conn.execute(sa.select(E).where(E.c.id == run.episode_id))
+                    await conn.execute(
+                        sa.select(E, D.c.body)
+                        .outerjoin(D, D.c.id == E.c.first_delivery_id)
+                        .where(E.c.id == run.episode_id)
+                    )
                 ).one_or_none()
                 episode = episode_json(found) if found else None
+                if found is not None and episode is not None:
+                    episode["alertmanagerURL"] = alertmanager_link(
+                        _external_url(found.body), dict(found.labels)
+                    )
             children = await conn.execute(
                 sa.select(R.c.id, R.c.kind, R.c.status).where(R.c.parent_run_id == run_id)
             )

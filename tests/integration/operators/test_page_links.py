@@ -36,5 +36,6 @@ async def test_http_urls_from_an_alert_are_links(make_harness):
     assert (
         '<a href="http://prometheus.example:9090/graph?g0.expr=up" rel="noreferrer">graph' in page
     )
+    assert '<a href="https://am.example/#/alerts?' in page
     approvals = await (await h.client.get("/runbooks")).text()
     assert '<a href="https://am.example/#/alerts?' in approvals
