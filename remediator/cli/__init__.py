@@ -300,6 +300,8 @@ def _explain(error: Exception, args: argparse.Namespace) -> tuple[str, int] | No
     """What went wrong outside remediator as one line and an exit status; None for a bug."""
     if _raised(error, "remediator.app.client", "ApiError"):
         return str(error), 1
+    if isinstance(error, operators.ServerAddressError):
+        return str(error), 2
     if _raised(error, "httpx", "InvalidURL"):
         return f"--server {getattr(args, 'server', '')!r} is not a usable URL: {error}", 2
     if _raised(error, "httpx", "HTTPError"):

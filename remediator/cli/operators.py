@@ -22,21 +22,25 @@ OUTPUT_HELP = (
 )
 
 
+class ServerAddressError(ValueError):
+    """``--server`` is not an address the CLI can use."""
+
+
 def server_url(value: str) -> str:
     """A server address as given (``host:port`` or a URL) → an http(s) URL."""
     if "://" not in value:
         value = f"http://{value}"
     scheme = value.split("://", 1)[0].lower()
     if scheme not in ("http", "https"):
-        raise SystemExit(f"remediator: --server must be an http:// or https:// URL, got {value!r}")
+        raise ServerAddressError(f"--server must be an http:// or https:// URL, got {value!r}")
     import httpx
 
     try:
         host = httpx.URL(value).host
     except httpx.InvalidURL as e:
-        raise SystemExit(f"remediator: --server {value!r} is not a usable URL: {e}") from None
+        raise ServerAddressError(f"--server {value!r} is not a usable URL: {e}") from None
     if not host:
-        raise SystemExit(f"remediator: --server {value!r} names no host")
+        raise ServerAddressError(f"--server {value!r} names no host")
     return value
 
 

@@ -49,7 +49,7 @@ def test_a_host_and_port_or_an_http_url_is_a_server(given, url):
 
 
 def test_another_scheme_is_refused_with_a_message():
-    with pytest.raises(SystemExit, match="http:// or https://"):
+    with pytest.raises(ValueError, match="http:// or https://"):
         cli.server_url("ftp://rm.example")
 
 
@@ -243,9 +243,9 @@ async def test_every_server_command_fails_in_one_line_whatever_is_wrong(aiohttp_
     remediator = await _serve(aiohttp_server, _answer)
     cases = {
         "stopped server": (f"127.0.0.1:{_closed_port()}", GOOD_TOKEN, 2, "cannot reach the server"),
-        "unusable scheme": ("ftp://127.0.0.1", GOOD_TOKEN, 1, "http:// or https://"),
-        "no host": ("http://:8080", GOOD_TOKEN, 1, "names no host"),
-        "not a URL": ("http://[::1", GOOD_TOKEN, 1, "not a usable URL"),
+        "unusable scheme": ("ftp://127.0.0.1", GOOD_TOKEN, 2, "http:// or https://"),
+        "no host": ("http://:8080", GOOD_TOKEN, 2, "names no host"),
+        "not a URL": ("http://[::1", GOOD_TOKEN, 2, "not a usable URL"),
         "another server": (other, GOOD_TOKEN, 1, "is this a remediator server?"),
         "wrong path": (f"{remediator}/nothing-here", "bad", 1, "HTTP 401: unauthorized"),
         "wrong token": (remediator, "bad-token", 1, "HTTP 401: unauthorized: unknown token"),
