@@ -28,6 +28,8 @@ _LAYOUT = string.Template(_TEMPLATES.joinpath("layout.html").read_text(encoding=
 esc = html.escape
 # The time pages are rendered at: the server's clock, read once per request by ``viewer``.
 _NOW: contextvars.ContextVar[dt.datetime | None] = contextvars.ContextVar("now", default=None)
+# Whether the signed-in principal may read the audit trail (the navigation links it only then).
+_AUDITOR: contextvars.ContextVar[bool] = contextvars.ContextVar("auditor", default=False)
 
 NAV = (
     ("/runbooks", "Approvals"),
@@ -58,6 +60,7 @@ def page(
         nav = "".join(
             f'<a href="{href}"{" aria-current=page" if href == current else ""}>{text}</a>'
             for href, text in NAV
+            if href != "/runbooks/audit" or _AUDITOR.get()
         )
     text = _LAYOUT.substitute(title=esc(title), who=who, nav=nav, body=body)
     policy = (
@@ -81,6 +84,7 @@ def viewer(
     if not principal.can(permission):
         raise web.HTTPForbidden(text=f"{principal.name} may not {permission.value}")
     _NOW.set(request.app[http_auth.SESSIONS].clock())
+    _AUDITOR.set(principal.can(auth.Permission.AUDIT))
     return principal, via
 
 

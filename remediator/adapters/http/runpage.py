@@ -76,6 +76,15 @@ def _decision(detail: dict[str, Any], *, can_decide: bool, csrf: str, flash: str
         if detail["status"] in ACTIVE:
             text += " The run goes on by itself."
         parts.append(f'<p id="no-decision">{text}</p>')
+    for step in detail["steps"]:
+        held = (step.get("output") or {}).get("held")
+        if step["status"] == "pending" and held:
+            parts.append(
+                f'<p class="held-note"><span class="badge held">held</span> step '
+                f"<strong>{esc(step['key'])}</strong>: {esc(str(held))} (looked at again "
+                f"{console.when(step['output'].get('held_until'))}; see the "
+                '<a href="/runbooks/fleet">fleet</a>)</p>'
+            )
     for step in waiting:
         given = [a for a in detail.get("approvals", []) if a["stepId"] == step["id"]]
         parts.append(

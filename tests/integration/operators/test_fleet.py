@@ -54,6 +54,11 @@ async def test_the_fleet_shows_a_cordoned_node_its_run_the_held_step_and_the_bre
     assert 'id="node-gpu-node-03" data-state="held"' in page
     assert f'href="/runbooks/runs/{run_id}"' in page
     assert 'id="breaker-reset"' not in page  # operators see the breaker, admins reset it
+    assert 'href="/runbooks/audit"' not in page  # the trail is the auditors'
+    run_page = await (await h.client.get(f"/runbooks/runs/{run_id}", headers=bearer("ada"))).text()
+    held_note = run_page.split('class="held-note"')[1].split("</p>")[0]
+    assert "circuit breaker is open" in held_note
+    assert 'href="/runbooks/audit"' in run_page
     refused = await h.client.post(
         "/runbooks/breaker/reset", data={"comment": "x", "csrf": "x"}, headers=bearer("olivia")
     )
