@@ -4,6 +4,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Test processes side by side (one per core); tests marked serial then run alone: they judge
+# how fast the server answers and need the machine to themselves.
+TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 
 .PHONY: help install system-deps postgres run demo sim test test-fast lint format bench-ingest docs clean
@@ -46,7 +49,8 @@ format: install ## Reformat and autofix
 	$(BIN)/ruff check --fix remediator tests bench migrations
 
 test: install system-deps postgres lint ## The whole suite, on SQLite and Postgres (what CI runs)
-	$(BIN)/python -m pytest -q -p no:randomly
+	$(BIN)/python -m pytest -q -p no:randomly -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	$(BIN)/python -m pytest -q -p no:randomly -m serial
 
 test-fast: install ## Unit tests only
 	$(BIN)/python -m pytest -q tests/unit

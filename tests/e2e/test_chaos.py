@@ -50,7 +50,7 @@ from tests.conftest import ROOT
 from tests.e2e import chaos
 from tests.e2e.procs import Serve
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(220)]
+pytestmark = [pytest.mark.e2e, pytest.mark.serial, pytest.mark.timeout(220)]
 
 ORPHANED = "effect.orphaned"
 VANISHED = "effect.vanished"

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(110)]
+pytestmark = [pytest.mark.e2e, pytest.mark.serial, pytest.mark.timeout(110)]
 
 
 def _listening(url: str) -> bool:
