@@ -184,6 +184,9 @@ def run_detail(run: Mapping[str, Any]) -> str:
                 ),
             )
         )
+    events = field(run, "events") or []
+    if events:
+        parts.append(_events(events))
     children = field(run, "childRuns") or []
     if children:
         shown = ", ".join(f"#{c.get('id')} {c.get('kind')} {c.get('status')}" for c in children)
@@ -195,6 +198,28 @@ def run_detail(run: Mapping[str, Any]) -> str:
             f"{field(step, 'id')} --comment '…'"
         )
     return "\n\n".join(parts)
+
+
+def _events(events: list[Mapping[str, Any]], last: int = 15) -> str:
+    """The run's latest audit events (all of them: ``--output json``)."""
+    shown = events[-last:]
+    text = table(
+        ["AT (UTC)", "ACTOR", "EVENT", "CHANGE", "REASON"],
+        (
+            [
+                when(field(e, "at")),
+                field(e, "actor"),
+                field(e, "kind"),
+                f"{field(e, 'fromStatus')} → {field(e, 'toStatus')}"
+                if field(e, "toStatus")
+                else None,
+                field(e, "reason"),
+            ]
+            for e in shown
+        ),
+    )
+    hidden = len(events) - len(shown)
+    return (f"({hidden} earlier events: --output json)\n" if hidden else "") + text
 
 
 def breaker(state: Mapping[str, Any]) -> str:

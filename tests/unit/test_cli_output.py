@@ -116,6 +116,17 @@ def test_a_run_waiting_for_approval_says_how_to_approve_it():
             },
         ],
         "approvals": [{"stepId": 41, "decision": "approved", "principal": "alice"}],
+        "events": [
+            {
+                "at": f"2026-12-03T07:00:{n:02d}+00:00",
+                "actor": "engine",
+                "kind": "step.transition",
+                "from_status": "pending",
+                "to_status": "running",
+                "reason": f"event {n}",
+            }
+            for n in range(20)
+        ],
     }
     text = output.render(run, fmt="table", kind="run")
     drain = next(line for line in text.splitlines() if line.startswith("41"))
@@ -123,6 +134,10 @@ def test_a_run_waiting_for_approval_says_how_to_approve_it():
     cordon = next(line for line in text.splitlines() if line.startswith("40"))
     assert "1/" not in cordon  # a step that needs no approval shows none
     assert "remediator runs approve 12 41 --comment" in text
+    assert "(5 earlier events: --output json)" in text
+    last = next(line for line in text.splitlines() if line.endswith("event 19"))
+    assert last.startswith("2026-12-03 07:00:19  engine  step.transition  pending → running")
+    assert "event 4\n" not in text
 
 
 async def _fleet_server(aiohttp_server, answer=None, status=200):
