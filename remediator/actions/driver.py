@@ -23,6 +23,12 @@ and marked ``failed``, and notifies. A node already at the target version and no
 skipped, so a retried or restarted rollout resumes where it stopped; a node marked ``failed``
 by an earlier attempt stops it until a person clears the mark. A node another run holds, or
 that the GPU Operator is upgrading itself, stops it too (no two controllers on one node).
+
+Each node it takes counts in the fleet's disruption budget like a node an alert-driven run
+disrupts (``ports.budget``): taken before the node is marked, given back once it is in service
+again; a failed node keeps counting until it is returned to service. When the budget has no
+room, the rollout touches no further node and its step is retried later (a temporary failure,
+no notification): the retry skips the nodes already upgraded.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import asyncio
 import dataclasses
 import pathlib
 import time
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import httpx
 import pydantic
@@ -39,6 +45,7 @@ import pydantic
 from remediator.actions import clusterops, drain, gpu, health, hostexec, kube, validation
 from remediator.domain import errors, guards
 from remediator.ports import actions
+from remediator.ports import budget as budget_port
 from remediator.ports import cluster as port
 
 SERVICE = "driver_upgrade"
@@ -270,6 +277,28 @@ class RolloutStopped(errors.ActionFailed):
     pass
 
 
+class BudgetHeld(errors.ActionFailed):
+    """No room in the disruption budget for the next node: try the rollout again later."""
+
+
+async def _take_budget(ctx: actions.ActionContext, node: str) -> None:
+    budget = ctx.services.get(budget_port.SERVICE)
+    if budget is None:
+        return
+    verdict = await cast(budget_port.Budget, budget).take(
+        node, run_id=ctx.run_id, playbook=ctx.playbook
+    )
+    if not verdict.go:
+        wait = (verdict.until - ctx.now()).total_seconds() if verdict.until else None
+        raise BudgetHeld(f"node {node} waits: {verdict.reason}", temporary=True, retry_after=wait)
+
+
+async def _release_budget(ctx: actions.ActionContext, node: str) -> None:
+    budget = ctx.services.get(budget_port.SERVICE)
+    if budget is not None:
+        await cast(budget_port.Budget, budget).release(node, run_id=ctx.run_id)
+
+
 async def _refuse_busy(ctx: actions.ActionContext, node: port.NodeInfo) -> None:
     if node.labels.get(guards.UPGRADE_MARK) == guards.UPGRADE_FAILED:
         raise RolloutStopped(
@@ -300,6 +329,7 @@ async def upgrade_node(
     at_target = bool(versions) and all(v == params.target_version for v in versions)
     if at_target and node.labels.get(guards.UPGRADE_MARK) != guards.UPGRADE_IN_PROGRESS:
         return {"node": node.name, "result": "already at the target version"}
+    await _take_budget(one, node.name)
     await _mark(one, node.name, guards.UPGRADE_IN_PROGRESS)
     try:
         await kube.CordonAction().apply(one, kube.NodeParams(node=node.name))
@@ -319,6 +349,7 @@ async def upgrade_node(
         await _mark(one, node.name, guards.UPGRADE_FAILED)
         raise RolloutStopped(f"node {node.name}: {e}", output=e.output) from e
     await _mark(one, node.name, None)
+    await _release_budget(one, node.name)
     return {"node": node.name, "result": "upgraded", "versions": versions}
 
 
@@ -333,10 +364,13 @@ class DriverRolloutAction(actions.Action[RolloutParams]):
     semantics: ClassVar[dict[str, str]] = {
         "check": "never in place: each attempt looks at every node again (nodes already at "
         "the target version and not marked are skipped).",
-        "apply": "per batch of `batch_size` nodes (name order): mark remediator.io/driver-"
-        "upgrade=in-progress, cordon, drain, gpu.upgrade_driver, gpu.verify_healthy, "
-        "uncordon, unmark, then wait `pause_seconds`; the first failure stops the rollout, "
-        "leaves that node cordoned and marked failed, and notifies `notify_channel`.",
+        "apply": "per batch of `batch_size` nodes (name order): take the node from the "
+        "fleet's disruption budget, mark remediator.io/driver-upgrade=in-progress, cordon, "
+        "drain, gpu.upgrade_driver, gpu.verify_healthy, uncordon, unmark, give the budget "
+        "back, then wait `pause_seconds`; a node the budget has no room for fails the step "
+        "temporarily (retried; no node touched for it); the first other failure stops the "
+        "rollout, leaves that node cordoned, marked failed and counted in the budget, and "
+        "notifies `notify_channel`.",
         "undo": "none.",
     }
 
@@ -359,6 +393,9 @@ class DriverRolloutAction(actions.Action[RolloutParams]):
             failed = [r for r in results if isinstance(r, BaseException)]
             done += [r for r in results if isinstance(r, dict)]
             await ctx.progress({"nodes": done, "remaining": len(nodes) - start - len(batch)})
+            held = [r for r in failed if isinstance(r, BudgetHeld)]
+            if held and len(held) == len(failed):
+                raise held[0]
             if failed:
                 await self._stop(ctx, params, failed, done, nodes[start + len(batch) :])
             if start + len(batch) < len(nodes) and any(r["result"] == "upgraded" for r in done):

@@ -151,6 +151,12 @@ class Components:
                 else None
             ),
         )
+        services.extra["budget"] = guarding.StoreBudget(
+            self.store,
+            base=settings.guards,
+            index=lambda: self.rules.index,
+            cluster=lambda: services.cluster,  # filled in once connected
+        )
         self.services = services
         self.engine = worker.Engine(
             services,

@@ -8,7 +8,8 @@ and in the audit trail) instead of failing. Non-disruptive steps are never held.
 
 - **Budget**: at most ``max_nodes`` nodes, and at most ``max_percent`` of the GPU nodes,
   disrupted by remediator at once — per pool when ``pool_label`` names one. A node stays
-  disrupted until it is returned to service.
+  disrupted until it is returned to service. Nodes a runbook takes one by one inside a single
+  step (the driver rollout) are counted the same way: ``within_budget`` before each node.
 - **Circuit breaker**: more than ``max_disruptive_runs`` runs of disruptive playbooks started
   within ``breaker_window`` opens the breaker (a storm of alerts, whatever the budget lets
   through); it stays open until an operator resets it, and only runs started after the reset
@@ -246,9 +247,18 @@ def decide(
         if ready > now:
             reason = f"node cooling down until {ready.isoformat()}"
             return Verdict(False, reason, ready, kind="node_cooldown")
+    return within_budget(config, snapshot, node=node, now=now)
+
+
+def within_budget(
+    config: GuardConfig, snapshot: Snapshot, *, node: str | None, now: dt.datetime
+) -> Verdict:
+    """May one more node (``node``, unless already counted) be disrupted now?"""
+    if node is not None and node in snapshot.disrupted_nodes:
+        return Verdict(True, "node already disrupted by remediator")
     limit = budget_limit(config, snapshot.gpu_nodes)
     in_use = len(snapshot.disrupted_nodes)
     if in_use + 1 > limit:
         reason = f"disruption budget in use: {in_use} of {limit} nodes"
-        return Verdict(False, reason, later, kind="budget")
+        return Verdict(False, reason, now + config.recheck, kind="budget")
     return Verdict(True, f"within budget: {in_use + 1} of {limit} nodes")

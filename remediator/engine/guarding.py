@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Callable
 
-from remediator.domain import guards, playbooks, records, runs
+from remediator.domain import errors, guards, playbooks, records, runs
 from remediator.engine import lifecycle
+from remediator.ports import cluster as cluster_port
 from remediator.ports import store
 
 #: How long the worker's list of GPU nodes and their labels is used before it is listed again.
@@ -102,6 +104,73 @@ class Gate:
         if run.node is not None:
             tx.record_disruption(run_id=run.id, node=run.node, pool=pool)
         return True
+
+
+class StoreBudget:
+    """``ports.budget.Budget`` over the store, with the gate's own decision and accounting:
+    the node is recorded as disrupted by the run in the transaction that decided it, under
+    the guards lock, so a runbook's nodes and alert-driven runs share one budget."""
+
+    def __init__(
+        self,
+        store_: store.Store,
+        *,
+        base: guards.GuardConfig,
+        index: Callable[[], playbooks.PlaybookIndex],
+        cluster: Callable[[], cluster_port.Cluster | None],
+    ) -> None:
+        self.store = store_
+        self.base = base
+        self.index = index
+        self.cluster = cluster
+
+    async def _fleet(self) -> dict[str, dict[str, str]] | None:
+        cluster = self.cluster()
+        if cluster is None:
+            return None
+        try:
+            nodes = await cluster.list_nodes(cluster.gpu_node_selector)
+        except errors.RemediatorError:
+            return None  # as the gate does: the percentage cap is then not applied
+        return {node.name: dict(node.labels) for node in nodes}
+
+    async def take(self, node: str, *, run_id: int, playbook: str) -> guards.Verdict:
+        index = self.index()
+        config = guard_config(self.base, index.get(playbook))
+        gate = Gate(self.base, index, frozenset(), await self._fleet())
+        pool, gpu_nodes = gate.scope(config, node)
+
+        def work(tx: store.Tx) -> guards.Verdict:
+            tx.lock_guards()
+            snapshot = tx.guard_snapshot(
+                node=node, since=tx.now, disruptive_playbooks=(), gpu_nodes=gpu_nodes, pool=pool
+            )
+            verdict = guards.within_budget(config, snapshot, node=node, now=tx.now)
+            if verdict.go:
+                tx.record_disruption(run_id=run_id, node=node, pool=pool)
+                tx.add_event(
+                    "budget.taken",
+                    actor="engine",
+                    run_id=run_id,
+                    reason=verdict.reason,
+                    data={"node": node, "pool": pool},
+                )
+            return verdict
+
+        return await self.store.run("budget.take", work)
+
+    async def release(self, node: str, *, run_id: int) -> None:
+        def work(tx: store.Tx) -> None:
+            if tx.release_disruptions(node=node, run_id=run_id):
+                tx.add_event(
+                    "budget.released",
+                    actor="engine",
+                    run_id=run_id,
+                    reason=f"node {node} back in service",
+                    data={"node": node},
+                )
+
+        await self.store.run("budget.release", work)
 
 
 def open_breaker(tx: store.Tx, reason: str) -> None:

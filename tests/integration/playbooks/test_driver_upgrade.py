@@ -246,3 +246,74 @@ async def test_the_runbook_is_triggered_over_the_api_with_its_defaults(
         json={"params": {"selector": H100, "target_version": "550; reboot"}},
     )
     assert refused.status == 400
+
+
+async def rollout_events(h: Any, run_id: int) -> list[tuple[str, str]]:
+    response = await h.client.get(
+        "/api/v1/audit/events", params={"run": str(run_id), "limit": "500"}
+    )
+    assert response.status == 200, await response.text()
+    items = sorted((await response.json())["items"], key=lambda e: e["id"])
+    return [(e["kind"], e["data"]["node"]) for e in items if e["kind"].startswith("budget.")]
+
+
+async def test_a_node_the_rollout_left_out_of_service_counts_in_the_disruption_budget(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim
+) -> None:
+    policy = upgrades.policy(sim.cluster)
+    policy.version = NEW
+    policy.failing.add("gpu-node-02")
+    h = await gpu_harness(guards={"max_nodes": 1, "max_percent": 100.0})
+    detail = await start_rollout(h)
+    assert detail["status"] == "failed", statuses(detail)
+    assert await rollout_events(h, detail["id"]) == [
+        ("budget.taken", "gpu-node-01"),
+        ("budget.released", "gpu-node-01"),
+        ("budget.taken", "gpu-node-02"),  # failed: out of service until returned
+    ]
+
+    await post(h, fixture("GPUXidError79-firing-1alerts"))  # gpu-node-03
+    xid = await only_run(h, playbook="gpu-xid-error")
+    cordon = step(xid, "cordon")
+    assert cordon["status"] == "pending", statuses(xid)
+    assert cordon["output"]["held"] == "disruption budget in use: 1 of 1 nodes"
+    assert not cordoned(sim, "gpu-node-03")
+
+
+async def test_a_batch_the_disruption_budget_has_no_room_for_waits_node_by_node(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, clock: Any
+) -> None:
+    policy = upgrades.policy(sim.cluster)
+    policy.version = NEW
+    h = await gpu_harness(guards={"max_nodes": 1, "max_percent": 100.0})
+    run_id = await trigger(
+        h,
+        "gpu-driver-upgrade",
+        {"selector": H100, "target_version": NEW, "batch_size": 2, "pause_seconds": 0}
+        | {"channel": "default"},
+        None,
+    )
+    assert await approve(h, await h.run_detail(run_id), "rollout", "CHG-1234") == 200
+    for _ in range(200):
+        rollout = step(await h.run_detail(run_id), "rollout")
+        if rollout.get("error"):
+            break
+        await asyncio.sleep(0.05)
+        await h.settle()
+    assert rollout["status"] == "pending"  # tried again later, not stopped
+    assert rollout["error"].endswith("waits: disruption budget in use: 1 of 1 nodes")
+    assert len(policy.upgraded) == 1  # the other node of the batch was not touched
+    waiting = next(n for n in NODES[:2] if n not in policy.upgraded)
+    assert not cordoned(sim, waiting)
+    assert MARK not in labels(sim, waiting)
+
+    for _ in range(40):  # each retry takes the next node once the last is back in service
+        clock.advance(300)
+        await h.settle()
+        detail = await h.run_detail(run_id)
+        if detail["status"] in ("succeeded", "failed"):
+            break
+        await asyncio.sleep(0.1)
+    assert detail["status"] == "succeeded", step(detail, "rollout")
+    assert sorted(policy.upgraded) == NODES
+    assert policy.peak == 1
