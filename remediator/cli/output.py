@@ -83,6 +83,14 @@ def when(value: Any) -> str:
     return parsed.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def short_gpu(value: Any) -> Any:
+    """A GPU UUID as its first 12 characters (``GPU-659ac159…``): enough to tell GPUs apart
+    on a node; ``runs show`` and JSON keep it whole."""
+    if isinstance(value, str) and value.startswith("GPU-") and len(value) > 13:
+        return value[:12] + "…"
+    return value
+
+
 def key_values(value: Any) -> str:
     """A mapping as ``key: value`` lines (nested values as compact JSON)."""
     if not isinstance(value, Mapping):
@@ -113,7 +121,7 @@ def runs_table(page: Mapping[str, Any]) -> str:
                 field(r, "status"),
                 field(r, "playbook"),
                 field(r, "node"),
-                field(r, "gpu"),
+                short_gpu(field(r, "gpu")),
                 when(field(r, "createdAt")),
                 field(r, "reason"),
             ]

@@ -78,7 +78,7 @@ def test_a_runs_page_is_an_aligned_table_with_the_next_page_named():
                 "status": "waiting_approval",
                 "playbook": "gpu-xid-error",
                 "node": "gpu-node-03",
-                "gpu": "3",
+                "gpu": "GPU-e9515ed6-254d-5ed7-8e04-aea9cc21a64f",
                 "createdAt": "2026-12-03T07:00:01.123456+00:00",
                 "reason": None,
             },
@@ -89,7 +89,13 @@ def test_a_runs_page_is_an_aligned_table_with_the_next_page_named():
     lines = output.render(page, fmt="table", kind="runs").splitlines()
     assert lines[0].startswith("ID  STATUS")
     assert lines[0].endswith("CREATED (UTC)        REASON")
-    assert lines[1].split()[:5] == ["12", "waiting_approval", "gpu-xid-error", "gpu-node-03", "3"]
+    assert lines[1].split()[:5] == [
+        "12",
+        "waiting_approval",
+        "gpu-xid-error",
+        "gpu-node-03",
+        "GPU-e9515ed6…",
+    ]
     assert "2026-12-03 07:00:01" in lines[1]
     # columns line up: each row's playbook starts where the header's does
     assert lines[1].index("gpu-xid-error") == lines[0].index("PLAYBOOK")
