@@ -16,6 +16,7 @@ from remediator.actions import (
     remap,
     replacement,
     reset,
+    smoke,
 )
 from remediator.ports import actions as ports_actions
 
@@ -29,6 +30,7 @@ def builtin_registry() -> ports_actions.Registry:
         replacement.MarkForReplacementAction(),
         remap.RowRemapStatusAction(),
         recovery.RecoveryAction(),
+        smoke.CudaSmokeTestAction(),
     ]
     upgrade_actions: list[ports_actions.Action[Any]] = [
         driver.UpgradeDriverAction(),

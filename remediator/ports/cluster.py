@@ -173,6 +173,9 @@ class PodInfo:
     """GPUs (``nvidia.com/gpu``) its containers are allocated, from their limits."""
     waiting: list[str] = dataclasses.field(default_factory=list)
     """Why containers are waiting, e.g. ``exec: ErrImagePull: <message>``."""
+    terminated: list[str] = dataclasses.field(default_factory=list)
+    """How containers ended, e.g. ``cuda: Error (exit 1): <message>``; for a pod the kubelet
+    refused, its own reason and message."""
 
     @property
     def key(self) -> str:

@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 from remediator.sim import cluster as cluster_mod
-from remediator.sim import objects, reboots, upgrades
+from remediator.sim import cuda, objects, reboots, upgrades
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -221,6 +221,22 @@ class Controllers:
             due = self.ready_at.setdefault(
                 uid, now + self.cluster.scaled(self.cluster.settings.pod_startup_seconds)
             )
+            if due <= now and cuda.is_sample(pod):
+                outcome = cuda.run(self.cluster, pod)
+                st.mutate(
+                    "pods",
+                    meta["namespace"],
+                    meta["name"],
+                    functools.partial(
+                        cuda.finish,
+                        phase=outcome[0],
+                        exit_code=outcome[1],
+                        reason=outcome[2],
+                        message=outcome[3],
+                    ),
+                )
+                self.ready_at.pop(uid, None)
+                continue
             if due <= now:
                 node = st.get("nodes", "", node_name)
                 ip = objects.node_ip(node) if node else "10.0.0.1"

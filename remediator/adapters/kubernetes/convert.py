@@ -97,7 +97,25 @@ def pod(obj: Obj) -> port.PodInfo:
         ),
         gpu_requests=sum(_gpus(c) for c in spec.get("containers") or []),
         waiting=_waiting(status),
+        terminated=_terminated(status),
     )
+
+
+def _terminated(status: Obj) -> list[str]:
+    out = []
+    for container in status.get("containerStatuses") or []:
+        ended = (container.get("state") or {}).get("terminated")
+        if isinstance(ended, dict):
+            text = (
+                f"{container.get('name', '')}: {ended.get('reason') or 'Terminated'} "
+                f"(exit {ended.get('exitCode')})"
+            )
+            if ended.get("message"):
+                text += f": {str(ended['message']).strip()[-300:]}"
+            out.append(text)
+    if not out and status.get("reason"):
+        out.append(f"{status['reason']}: {str(status.get('message') or '')[:300]}")
+    return out
 
 
 def _waiting(status: Obj) -> list[str]:

@@ -47,13 +47,19 @@ async def test_return_to_service_validates_pcie_row_remap_and_dcgm_before_uncord
 ) -> None:
     cordon(sim)
     h = await gpu_harness()
-    params = {"node": NODE, "driver_version": "535.129.03", "diag_level": 2}
+    params = {
+        "node": NODE,
+        "driver_version": "535.129.03",
+        "diag_level": 2,
+        "cuda_image": "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0",
+    }
     run_id = await trigger(h, "return-node-to-service", params, NODE)
     detail = await h.run_detail(run_id)
     assert detail["status"] == "succeeded", statuses(detail)
     assert step(detail, "pcie-driver")["output"]["problems"] == {}
     assert step(detail, "row-remap")["output"]["verdict"] == "ok"
     assert step(detail, "diagnose")["output"]["level"] == 2
+    assert step(detail, "cuda-smoke-test")["output"]["phase"] == "Succeeded"
     assert not cordoned(sim, NODE)
 
 
