@@ -16,6 +16,7 @@ from tests.support import recording
 
 EXEC_ACTIONS = [
     "gpu.power_cap",
+    "gpu.recovery_action",
     "gpu.verify_healthy",
     "gpu.collect_bug_report",
     "gpu.health_report",
@@ -28,6 +29,8 @@ EXEC_ACTIONS = [
     "node.mark_for_replacement",
     "node.reboot",
 ]
+POD_ACTIONS = ["gpu.cuda_smoke_test"]
+"""Actions whose ``namespace`` is where they create a pod: a literal too."""
 EXTRA = {
     "gpu.power_cap": {"percent_of_default": 70},
     "gpu.upgrade_driver": {"target_version": "570.124.06"},
@@ -171,7 +174,17 @@ def test_every_builtin_driver_pod_field_is_declared_an_exec_target():
         for action in builtin_registry().all()
         if playbooks.exec_target_fields(action.params_model)
     }
-    assert declared == set(EXEC_ACTIONS)
+    assert declared == set(EXEC_ACTIONS) | set(POD_ACTIONS)
+
+
+@pytest.mark.parametrize("action", POD_ACTIONS)
+def test_the_namespace_a_pod_is_created_in_cannot_come_from_alert_labels(
+    tmp_path, registry, action
+):
+    path = _write(tmp_path, _playbook(action, {"namespace": "{{ labels.namespace }}"}))
+    loaded, problems = files.load_playbooks([path], registry)
+    assert loaded == []
+    assert [p.path for p in problems] == ["steps.probe.params.namespace"]
 
 
 def test_exec_targets_are_marked_in_the_params_schema():
