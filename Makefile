@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 
-.PHONY: help install system-deps postgres run demo sim test test-fast lint format bench-ingest docs clean
+.PHONY: help install system-deps postgres run demo sim test test-fast lint format bench bench-quick bench-ingest docs clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install remediator with its dev tools
 
-system-deps: ## Install the programs the tests drive (Prometheus, Alertmanager, kubectl, Chromium)
+system-deps: ## Install the programs the tests and benchmarks drive (Prometheus, Alertmanager, kubectl, Chromium, wrk)
 	@bash .ci/system-deps
 
 postgres: ## Make sure PostgreSQL answers on 127.0.0.1:5432
@@ -54,6 +54,12 @@ test: install system-deps postgres lint ## The whole suite, on SQLite and Postgr
 
 test-fast: install ## Unit tests only
 	$(BIN)/python -m pytest -q tests/unit
+
+bench: install system-deps postgres ## Every fleet-scale benchmark, one Markdown table (~1 h; BENCH_QUICK=1: minutes)
+	$(BIN)/python -m bench.run
+
+bench-quick: install ## The same benchmarks with short phases and small sizes (a smoke run)
+	$(BIN)/python -m bench.run --quick
 
 bench-ingest: install ## Benchmark the webhook against a bare durable-insert server
 	$(BIN)/python -m bench.ingest

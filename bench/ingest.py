@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import random
+import secrets
 import socket
 import statistics
 import subprocess
@@ -73,7 +74,7 @@ def fresh_postgres(server_url: str) -> Iterator[str]:
     """A new, migrated database on the Postgres server at ``server_url``; dropped afterwards."""
     import asyncpg
 
-    name = f"remediator_bench_{os.getpid()}_{int(time.time())}"
+    name = f"remediator_bench_{os.getpid()}_{secrets.token_hex(4)}"
 
     async def admin(statement: str) -> None:
         conn = await asyncpg.connect(server_url.replace("postgresql+asyncpg://", "postgresql://"))

@@ -1,0 +1,405 @@
+"""The stages of ``make bench``: each builds its world, measures, and returns table rows."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import pathlib
+import re
+import sqlite3
+import time
+import urllib.request
+from collections.abc import Iterator
+
+from bench import intake as intake_mod
+from bench import reaction as reaction_mod
+from bench import runbooks, seed, table, world
+from remediator.sim import fleet as sim_fleet
+
+POSTGRES = "postgresql://postgres@127.0.0.1:5432"
+Row = table.Row
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    workdir: pathlib.Path
+    quick: bool
+    duration: float
+    rates: tuple[float, ...]
+    burst: int
+    drain_pods: int
+    open_episodes: int
+    episode_counts: tuple[int, ...]
+    fleet_nodes: int
+    postgres: str | None = POSTGRES
+    max_episodes: int | None = None
+    sweep_concurrency: int | None = None
+
+    @classmethod
+    def full_run(cls, workdir: pathlib.Path) -> Plan:
+        return cls(
+            workdir=workdir,
+            quick=False,
+            duration=30.0,
+            rates=(10, 50, 100),
+            burst=1000,
+            drain_pods=200,
+            open_episodes=10_000,
+            episode_counts=(10**3, 10**5, 10**6),
+            fleet_nodes=5000,
+        )
+
+    @classmethod
+    def quick_run(cls, workdir: pathlib.Path) -> Plan:
+        return cls(
+            workdir=workdir,
+            quick=True,
+            duration=3.0,
+            rates=(10, 50, 100),
+            burst=200,
+            drain_pods=200,
+            open_episodes=10_000,
+            episode_counts=(10**3, 10**4),
+            fleet_nodes=5000,
+        )
+
+    def dir(self, name: str) -> pathlib.Path:
+        path = self.workdir / name
+        path.mkdir(exist_ok=True)
+        return path
+
+    def backends(self) -> Iterator[str]:
+        yield "sqlite"
+        if self.postgres and world.postgres_available(self.postgres):
+            yield "postgres"
+
+
+def _names(count: int, total: int, first: int = 1) -> list[str]:
+    return [sim_fleet.generated_node_name(i, total) for i in range(first, first + count)]
+
+
+def _skipped_postgres(plan: Plan, measure: str) -> list[Row]:
+    if "postgres" in plan.backends():
+        return []
+    return [Row(measure, "postgres", "skipped", note=f"no Postgres at {plan.postgres}")]
+
+
+# ---- intake ---------------------------------------------------------------------------
+
+
+def intake(plan: Plan) -> list[Row]:
+    if not intake_mod.available():
+        return [Row("intake", "-", "skipped", note="wrk not installed (make system-deps)")]
+    workdir = plan.dir("intake")
+    with intake_mod.bare(workdir) as url:
+        bare = intake_mod.measure(url, workdir, plan.duration, None)
+    rows = [
+        Row(
+            "intake deliveries/s, bare group-commit server",
+            "sqlite",
+            f"{bare.rate:,.0f}",
+            note=f"wrk 64 conn on CPU 0, server on CPU 1; half load {bare.half_rate:,.0f}/s: "
+            f"p50/p99 {table.ms(bare.half_p50)} / {table.ms(bare.half_p99)} ms",
+        )
+    ]
+    for backend in plan.backends():
+        with (
+            world.database(workdir, backend, plan.postgres or "", f"intake-{backend}") as url,
+            world.serve(workdir, database_url=url, worker=f"intake-{backend}") as server,
+        ):
+            got = intake_mod.measure(server.url, workdir, plan.duration, bare.rate / 2)
+        rows.append(
+            Row(
+                "intake deliveries/s, remediator serve",
+                backend,
+                f"{got.rate:,.0f} (ratio {table.ratio(got.rate, bare.rate)})",
+                "ratio ≥ 0.9" if backend == "sqlite" else "",
+                f"errors {got.errors}; saturated p99 {table.ms(got.p99)} ms",
+            )
+        )
+        rows.append(
+            Row(
+                "intake p50 / p99 at half the bare rate",
+                backend,
+                f"{table.ms(got.half_p50)} / {table.ms(got.half_p99)} ms",
+                "p99 ≤ 25 ms",
+                f"{got.half_rate:,.0f} deliveries/s reached",
+            )
+        )
+    return rows + _skipped_postgres(plan, "intake")
+
+
+# ---- reaction, burst, replicas ---------------------------------------------------------
+
+
+def _duplicates(sim: world.Sim) -> int:
+    request = urllib.request.Request(f"{sim.url}/sim/v1/mutations?since=0", headers=sim.headers)
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return len(json.loads(answer.read())["repeated"])
+
+
+def _duplicate_runs(url: str) -> int | None:
+    if not url.startswith("sqlite"):
+        return None
+    path = url.split("///", 1)[1]
+    with sqlite3.connect(path) as db:
+        row = db.execute("SELECT count(*) - count(DISTINCT episode_id) FROM runs").fetchone()
+    return int(row[0])
+
+
+def reaction(plan: Plan) -> list[Row]:
+    rows: list[Row] = []
+    counts = [max(1, int(r * plan.duration)) for r in plan.rates]
+    for backend in plan.backends():
+        replicas = backend == "postgres"
+        total = sum(counts) + plan.burst * (3 if replicas else 1)
+        workdir = plan.dir(f"reaction-{backend}")
+        with world.simulator(workdir, nodes=total) as sim:
+            rows += _reaction_on(plan, backend, sim, counts, total)
+            burst_rows, one = _burst_on(plan, backend, sim, first=sum(counts) + 1, total=total)
+            rows += burst_rows
+            if replicas:
+                first = sum(counts) + plan.burst + 1
+                rows += _replicas_on(plan, sim, one, first=first, total=total)
+    return rows + _skipped_postgres(plan, "reaction, burst, replicas")
+
+
+def _reaction_on(
+    plan: Plan, backend: str, sim: world.Sim, counts: list[int], total: int
+) -> list[Row]:
+    rows = []
+    workdir = plan.dir(f"reaction-{backend}")
+    with (
+        world.database(workdir, backend, plan.postgres or "", "reaction") as url,
+        world.serve(workdir, database_url=url, sim=sim, worker="reaction") as server,
+    ):
+        first = 1
+        for rate, count in zip(plan.rates, counts, strict=True):
+            got = asyncio.run(
+                reaction_mod.reaction(
+                    server.url,
+                    sim,
+                    nodes=_names(count, total, first),
+                    rate=rate,
+                    duration=plan.duration,
+                    first_seq=first,
+                )
+            )
+            first += count
+            target = {10: "≤ 25 / ≤ 100 ms (p50/p99)", 100: "p50 ≤ 50 ms, no backlog"}
+            if backend == "postgres":
+                target = {10: "p50 ≤ 40 ms"}
+            rows.append(
+                Row(
+                    f"reaction p50 / p90 / p99 at {rate:g} alerts/s",
+                    backend,
+                    table.latencies(got.latencies),
+                    target.get(int(rate), ""),
+                    f"{got.sent} alerts over {plan.duration:g} s; backlog (no cordon 15 s "
+                    f"after the last POST) {got.missing}",
+                )
+            )
+    return rows
+
+
+def _burst_on(
+    plan: Plan, backend: str, sim: world.Sim, *, first: int, total: int
+) -> tuple[list[Row], float]:
+    workdir = plan.dir(f"burst-{backend}")
+    nodes = _names(plan.burst, total, first)
+    with (
+        world.database(workdir, backend, plan.postgres or "", "burst") as url,
+        world.serve(workdir, database_url=url, sim=sim, worker="burst") as server,
+    ):
+        idle = server.proc.rss_mb()
+        sim_cpu = sim.proc.cpu_seconds()
+        got = asyncio.run(reaction_mod.burst([server.url], sim, nodes=nodes, first_seq=first))
+        sim_cpu = sim.proc.cpu_seconds() - sim_cpu
+        after = server.proc.rss_mb()
+        duplicate_runs = _duplicate_runs(url)
+    target = "≥ 200" if backend == "sqlite" else "≥ 150"
+    rows = [
+        Row(
+            f"cordon runs/s, {plan.burst:,}-alert burst over {plan.burst:,} nodes",
+            backend,
+            f"{got.per_second:,.1f}",
+            target,
+            f"{got.cordoned}/{got.alerts} cordoned in {got.seconds:.1f} s; simulator "
+            f"({total:,} nodes) used {sim_cpu:.1f} CPU s of it"
+            + (f"; duplicate runs {duplicate_runs}" if duplicate_runs is not None else ""),
+        )
+    ]
+    if backend == "sqlite":
+        rows.append(
+            Row(
+                "RSS idle / after the burst",
+                backend,
+                f"{idle:.0f} / {after:.0f} MB",
+                "≤ 100 MB idle",
+            )
+        )
+    return rows, got.per_second
+
+
+def _replicas_on(
+    plan: Plan, sim: world.Sim, one_replica: float, *, first: int, total: int
+) -> list[Row]:
+    workdir = plan.dir("replicas")
+    nodes = _names(plan.burst, total, first)
+    with (
+        world.database(workdir, "postgres", plan.postgres or "", "replicas") as url,
+        world.serve(workdir, database_url=url, sim=sim, worker="replica-a", cpu=None) as one,
+        world.serve(workdir, database_url=url, sim=sim, worker="replica-b", cpu=None) as two,
+    ):
+        got = asyncio.run(reaction_mod.burst([one.url, two.url], sim, nodes=nodes, first_seq=first))
+    return [
+        Row(
+            "two replicas, cordon runs/s (same burst)",
+            "postgres",
+            f"{got.per_second:,.1f} ({table.ratio(got.per_second, one_replica)}x one)",
+            "≥ 1.6x one replica, 0 duplicates",
+            f"{got.cordoned}/{got.alerts} cordoned; effects applied twice (simulator's "
+            f"mutation log, whole run): {_duplicates(sim)}; replicas unpinned",
+        )
+    ]
+
+
+# ---- drain ------------------------------------------------------------------------------
+
+
+def drain(plan: Plan) -> list[Row]:
+    workdir = plan.dir("drain")
+    fleet_file = runbooks.drain_fleet(workdir, plan.drain_pods)
+    with (
+        world.simulator(workdir, fleet_file=fleet_file, tls=True) as sim,
+        world.serve(workdir, database_url=world.sqlite_url(workdir), sim=sim) as server,
+    ):
+        ours, run = runbooks.run_runbook(
+            server.url, "bench-drain", {"node": "gpu-node-0001"}, timeout=900
+        )
+        theirs = runbooks.kubectl_drain(sim, "gpu-node-0002", timeout=900)
+    status = run.get("status", "?")
+    measure = f"drain of a {plan.drain_pods}-pod node (30 s grace at time scale 0.05)"
+    if theirs is None:
+        return [Row(measure, "sqlite", f"{ours:.1f} s", "≤ 0.5x kubectl", "kubectl missing")]
+    return [
+        Row(
+            measure,
+            "sqlite",
+            f"{ours:.1f} s vs kubectl {theirs:.1f} s (ratio {table.ratio(ours, theirs)})",
+            "≤ 0.5x kubectl",
+            f"run {status}; kubectl drain --ignore-daemonsets --delete-emptydir-data --force",
+        )
+    ]
+
+
+# ---- memory -----------------------------------------------------------------------------
+
+
+def memory(plan: Plan) -> list[Row]:
+    workdir = plan.dir("memory")
+    url = world.sqlite_url(workdir, "open")
+    seed.seed(url, plan.open_episodes, open_count=plan.open_episodes)
+    with world.serve(workdir, database_url=url, worker="memory") as server:
+        time.sleep(3)  # a few engine passes over the stored episodes
+        rss = server.proc.rss_mb()
+    return [
+        Row(
+            f"RSS with {plan.open_episodes:,} open episodes",
+            "sqlite",
+            f"{rss:.0f} MB",
+            "≤ 150 MB",
+            "episodes seeded in bulk (firing, handled), no cluster configured",
+        )
+    ]
+
+
+# ---- growth -----------------------------------------------------------------------------
+
+
+def growth(plan: Plan) -> list[Row]:
+    counts = [c for c in plan.episode_counts if c <= (plan.max_episodes or c)]
+    burst = min(plan.burst, 300)
+    rows = []
+    workdir = plan.dir("growth")
+    with world.simulator(workdir, nodes=burst * len(counts)) as sim:
+        for n, count in enumerate(counts):
+            url = world.sqlite_url(workdir, f"stored-{count}")
+            began = time.monotonic()
+            seed.seed(url, count)
+            seeded = time.monotonic() - began
+            with world.serve(workdir, database_url=url, sim=sim, worker=f"growth-{n}") as server:
+                half = (
+                    intake_mod.half_load(server.url, workdir, 300, plan.duration)
+                    if intake_mod.available()
+                    else None
+                )
+                nodes = _names(burst, burst * len(counts), n * burst + 1)
+                got = asyncio.run(
+                    reaction_mod.burst([server.url], sim, nodes=nodes, first_seq=10**8 + n * burst)
+                )
+            p99 = table.ms(half.p99) if half else "- (no wrk)"
+            rows.append(
+                Row(
+                    f"with {count:,} stored episodes: cordon runs/s ({burst} burst), intake p99",
+                    "sqlite",
+                    f"{got.per_second:,.1f}/s, {p99} ms",
+                    "flat",
+                    f"intake at ~300 deliveries/s; seeding took {seeded:.0f} s",
+                )
+            )
+    return rows
+
+
+# ---- fleet ------------------------------------------------------------------------------
+
+
+def _list_nodes_seconds(sim: world.Sim) -> float:
+    request = urllib.request.Request(f"{sim.url}/api/v1/nodes", headers=sim.headers)
+    began = time.monotonic()
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        answer.read()
+    return time.monotonic() - began
+
+
+def fleet(plan: Plan) -> list[Row]:
+    workdir = plan.dir("fleet")
+    rules = world.rules_dir(workdir)
+    concurrency = plan.sweep_concurrency
+    if concurrency is not None:
+        sweep = rules / world.SWEEP_RULE.name
+        text = sweep.read_text(encoding="utf-8")
+        sweep.write_text(
+            re.sub(r"max_concurrency: \d+", f"max_concurrency: {concurrency}", text),
+            encoding="utf-8",
+        )
+    began = time.monotonic()
+    with world.simulator(workdir, nodes=plan.fleet_nodes, timeout=900) as sim:
+        started = time.monotonic() - began
+        rss = sim.proc.rss_mb()
+        listing = _list_nodes_seconds(sim)
+        with world.serve(workdir, database_url=world.sqlite_url(workdir), sim=sim) as server:
+            cpu = sim.proc.cpu_seconds()
+            seconds, run = runbooks.run_runbook(
+                server.url, "fleet-health-sweep", {"params": {"fail_on": "never"}}, timeout=1800
+            )
+            sim_cpu = sim.proc.cpu_seconds() - cpu
+    found = re.search(r"max_concurrency: (\d+)", (rules / world.SWEEP_RULE.name).read_text())
+    return [
+        Row(
+            f"simulator carrying {plan.fleet_nodes:,} GPU nodes",
+            "-",
+            f"start {started:.0f} s, RSS {rss:.0f} MB, LIST nodes {table.ms(listing)} ms",
+            "not the bottleneck",
+            f"{plan.fleet_nodes * 2:,} driver and DCGM pods, {plan.fleet_nodes * 8:,} GPUs",
+        ),
+        Row(
+            f"fleet-health sweep of {plan.fleet_nodes:,} nodes",
+            "sqlite",
+            f"{seconds:.1f} s",
+            "≤ 60 s",
+            f"run {run.get('status', '?')}; {found[1] if found else '?'} nodes at a time; "
+            f"simulator CPU {sim_cpu:.0f} s of it",
+        ),
+    ]
