@@ -220,6 +220,9 @@ class OperatorPodsParams(validation.Model):
     retry_after_seconds: float = pydantic.Field(10.0, gt=0, le=3600)
 
 
+MANAGED_BY = "app.kubernetes.io/managed-by"
+
+
 class OperatorPodsAction(actions.Action[OperatorPodsParams]):
     """Pods of the GPU Operator on the node are Running and Ready (or Succeeded, for
     validators): a driver container that runs but has not passed its readiness probe has not
@@ -245,6 +248,9 @@ class OperatorPodsAction(actions.Action[OperatorPodsParams]):
                 field_selector=f"spec.nodeName={node.name}",
                 label_selector=params.selector or "",
             )
+        # remediator's own short-lived pods there (reboot, GPU exec, CUDA smoke test) are not
+        # the operator's
+        pods = [p for p in pods if p.labels.get(MANAGED_BY) != "remediator"]
         phases = {p.key: p.phase for p in sorted(pods, key=lambda p: p.key)}
         waiting = {p.key: why for p in pods if (why := _not_running(p))}
         output: dict[str, Any] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from remediator.actions import smoke
+from remediator.actions import health, smoke
 from remediator.domain import errors
 from remediator.sim import testing
 from tests.integration.kube.conftest import MakeContext, run_action
@@ -66,3 +66,16 @@ async def test_a_pod_that_never_starts_times_out_with_its_waiting_reason(
 async def test_without_an_image_the_optional_check_is_skipped(make_ctx: MakeContext) -> None:
     output = await run_action(smoke.CudaSmokeTestAction(), make_ctx(node=NODE), {})
     assert output == {"already_in_place": True, "skipped": "no image configured"}
+
+
+async def test_a_smoke_pod_left_behind_is_not_taken_for_a_gpu_operator_pod(
+    sim: testing.RunningSim, make_ctx: MakeContext
+) -> None:
+    sim.cluster.unpullable_images.add(SAMPLE)  # it will wait in ImagePullBackOff for ever
+    ctx = make_ctx(node=NODE)
+    params = smoke.SmokeParams(image=SAMPLE)
+    await ctx.require_cluster().create_pod("gpu-operator", smoke.manifest(ctx, params, NODE))
+    await sim.wait_for(lambda: bool(smoke_pods(sim)))
+    output = await run_action(health.OperatorPodsAction(), ctx, {"node": NODE})
+    assert output["waiting"] == {}
+    assert not any("cuda-smoke" in key for key in output["pods"])
