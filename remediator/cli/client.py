@@ -1,18 +1,23 @@
 """The operator CLI's side: a small client of the server's API (token auth), and audit chain
-verification of an export file (offline) or of a database."""
+verification of an export file (offline) or of a database.
+
+It lives beside the commands, not in ``remediator.app``: commands that only talk HTTP must not
+load the server (aiohttp's server, SQLAlchemy, the Kubernetes client) just to start. Only
+``verify_database`` imports the database adapter, when it is called."""
 
 from __future__ import annotations
 
 import json
 import pathlib
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import httpx
 
-from remediator.adapters.db import audit as db_audit
-from remediator.adapters.db import database
 from remediator.domain import audit
+
+if TYPE_CHECKING:
+    from remediator.adapters.db import audit as db_audit
 
 
 class ApiError(Exception):
@@ -188,6 +193,9 @@ def _broken_link(
 async def verify_database(
     url: str, *, keys: audit.AuditKeys | None = None, anchors: pathlib.Path | None = None
 ) -> db_audit.ChainReport:
+    from remediator.adapters.db import audit as db_audit
+    from remediator.adapters.db import database
+
     db = database.Database(url)
     try:
         return await db_audit.AuditQueries(db, keys=keys, anchors=anchors).verify()

@@ -55,7 +55,7 @@ def emit(args: argparse.Namespace, value: Any, kind: str) -> None:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from remediator.app import client
+    from remediator.cli import client
 
     return client.Client(server_url(args.server or DEFAULT_SERVER), args.token)
 
@@ -109,7 +109,7 @@ def _audit_keys(settings: Any) -> Any:
 
 
 def _audit_verify(args: argparse.Namespace) -> int:
-    from remediator.app import client
+    from remediator.cli import client
 
     settings = options.load_settings(args, ("database_url", "audit_key_file", "audit_key_id"))
     anchors = args.anchors or settings.audit_anchor_file

@@ -163,3 +163,13 @@ async def test_nodes_outside_every_host_pool_keep_using_their_driver_pod(
     assert driver.pod == sim.driver_pod("gpu-node-02")["metadata"]["name"]
     assert not driver.host_pod
     assert driver.command(["nvidia-smi"]) == ["nvidia-smi"]
+
+
+async def test_a_host_pod_on_a_node_whose_driver_is_not_on_the_host_finds_no_nvidia_smi(
+    sim: testing.RunningSim, make_ctx: MakeContext
+) -> None:
+    ctx = in_pool(make_ctx(node="gpu-node-02"), node_selector="nvidia.com/gpu.present=true")
+    with pytest.raises(errors.ActionFailed, match=r"executable not found \(exit 127\)") as failed:
+        await run_action(gpu.PowerCapAction(), ctx, {"watts": 400})
+    assert "chroot: failed to run command 'nvidia-smi'" in str(failed.value)
+    assert host_pods(sim) == []
