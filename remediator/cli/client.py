@@ -37,10 +37,19 @@ def _error_text(body: str, limit: int = 200) -> str:
         error = None
     if isinstance(error, dict) and error.get("message"):
         text = f"{error.get('code', 'error')}: {error['message']}"
+        fields = error.get("fields")
+        if isinstance(fields, list) and fields:
+            text += " (" + "; ".join(_field_text(f) for f in fields) + ")"
     else:
         text = body
     text = " ".join(text.split()) or "(no body)"
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _field_text(field: Any) -> str:
+    if isinstance(field, dict):
+        return f"{field.get('field', '?')}: {field.get('message', 'invalid')}"
+    return str(field)
 
 
 class Client:
@@ -121,12 +130,13 @@ def _events(path: pathlib.Path) -> Iterator[dict[str, Any]]:
         for line in stream:
             if line.strip():
                 event: dict[str, Any] = json.loads(line)
-                yield event
+                yield event if "trailer" in event else audit.from_export(event)
 
 
 def verify_export(path: pathlib.Path, keys: audit.AuditKeys | None = None) -> audit.VerifyResult:
-    """Verify a JSON Lines export offline: each event's hash covers its content and its
-    ``prev_hash``; consecutive events link; event 1 links to the genesis hash; the trailer
+    """Verify a JSON Lines export offline (events named as the API names them, or with the
+    store's names as older exports have them): each event's hash covers its content and its
+    ``prevHash``; consecutive events link; event 1 links to the genesis hash; the trailer
     line matches the events (count, first and last id, last hash), and an unfiltered export
     holds consecutive ids. A filtered export is checked event by event and across every run
     of consecutive ids. Keyed events need the audit key, and once an event is keyed every
