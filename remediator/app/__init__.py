@@ -38,7 +38,6 @@ from remediator.adapters.http import fleet as fleet_http
 from remediator.adapters.http import guards as guards_http
 from remediator.adapters.http import intake as http_intake
 from remediator.adapters.http import plan as plan_http
-from remediator.adapters.kubernetes import leases as kube_leases
 from remediator.app import logs
 from remediator.app import settings as settings_mod
 from remediator.domain import alerts, audit, errors, playbooks, records
@@ -564,7 +563,7 @@ async def _elector(components: Components) -> leader.Elector:
     lease: leader_port.LeaderLease
     if mode == "kubernetes":
         assert settings.kubernetes is not None
-        lease = await kube_leases.connect(
+        lease = await kubernetes.connect_lease(
             settings.kubernetes,
             name=settings.leader_lease_name,
             namespace=settings.leader_lease_namespace,

@@ -1,6 +1,6 @@
 """``remediator``: serve, migrate, lint, plan, schema, docs, sim and demo here; the operator
 commands that talk to a server's API with a token (status, runs, runbook, breaker, audit) in
-``operators``, what they print in ``output``.
+``operators``, their API client in ``client``, what they print in ``output``.
 
 ``main`` turns what goes wrong around a command into one line on stderr and an exit status."""
 
@@ -298,7 +298,7 @@ def _one_line(error: BaseException) -> str:
 
 def _explain(error: Exception, args: argparse.Namespace) -> tuple[str, int] | None:
     """What went wrong outside remediator as one line and an exit status; None for a bug."""
-    if _raised(error, "remediator.app.client", "ApiError"):
+    if _raised(error, "remediator.cli.client", "ApiError"):
         return str(error), 1
     if isinstance(error, operators.ServerAddressError):
         return str(error), 2

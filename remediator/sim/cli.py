@@ -10,7 +10,6 @@ import signal
 import sys
 
 from remediator.sim import fleet as fleet_mod
-from remediator.sim import server, testing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,6 +115,10 @@ def _load_fleet(args: argparse.Namespace) -> fleet_mod.Fleet:
 
 
 async def _serve(args: argparse.Namespace, fleet: fleet_mod.Fleet, token: str) -> None:
+    # The server is imported here, not at the top: every ``remediator`` command builds this
+    # module's options, and only ``remediator sim`` needs aiohttp's server.
+    from remediator.sim import server, testing
+
     host, _, port = args.listen.rpartition(":")
     sim = await testing.start_sim(
         fleet,

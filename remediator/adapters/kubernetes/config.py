@@ -1,13 +1,13 @@
-"""Settings for the Kubernetes adapter and turning them into a kubernetes_asyncio Configuration."""
+"""Settings for the Kubernetes adapter (plain pydantic: reading them imports no kubernetes_asyncio;
+``credentials`` turns them into the client's Configuration)."""
 
 from __future__ import annotations
 
 import os
 import pathlib
-from typing import Any, Literal
+from typing import Literal
 
 import pydantic
-from kubernetes_asyncio import client, config
 
 SERVICE_ACCOUNT = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -61,36 +61,3 @@ class KubernetesConfig(pydantic.BaseModel):
         if os.environ.get("KUBERNETES_SERVICE_HOST") and (SERVICE_ACCOUNT / "token").exists():
             return "incluster"
         return "kubeconfig"
-
-
-async def client_configuration(settings: KubernetesConfig) -> client.Configuration:
-    cfg = client.Configuration()
-    mode = settings.resolved_mode()
-    if mode == "incluster":
-        load_incluster: Any = config.load_incluster_config
-        load_incluster(client_configuration=cfg)
-    elif mode == "kubeconfig":
-        await config.load_kube_config(
-            config_file=settings.kubeconfig,
-            context=settings.context,
-            client_configuration=cfg,
-        )
-    else:
-        cfg.host = (settings.url or "").rstrip("/")
-    token = _token(settings)
-    if token:
-        cfg.api_key = {"BearerToken": token}
-        cfg.api_key_prefix = {"BearerToken": "Bearer"}
-    if settings.ca_file:
-        cfg.ssl_ca_cert = settings.ca_file
-    if settings.insecure_skip_tls_verify:
-        cfg.verify_ssl = False
-    return cfg
-
-
-def _token(settings: KubernetesConfig) -> str | None:
-    if settings.token is not None:
-        return settings.token.get_secret_value()
-    if settings.token_file:
-        return pathlib.Path(settings.token_file).read_text(encoding="utf-8").strip()
-    return None

@@ -19,7 +19,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import exceptions as k8s_exceptions
 
 from remediator.adapters.kubernetes import config as config_mod
-from remediator.adapters.kubernetes import transport
+from remediator.adapters.kubernetes import credentials, transport
 from remediator.ports import cluster as cluster_port
 
 NAMESPACE_FILE = config_mod.SERVICE_ACCOUNT / "namespace"
@@ -168,7 +168,7 @@ async def connect(
     settings: config_mod.KubernetesConfig, *, name: str, namespace: str | None = None
 ) -> KubeLease:
     """A lease with its own API client (closed by ``close``)."""
-    configuration = await config_mod.client_configuration(settings)
+    configuration = await credentials.client_configuration(settings)
     return KubeLease(
         client.ApiClient(configuration=configuration),
         name=name,

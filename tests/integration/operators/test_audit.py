@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from remediator.adapters.db import tables
-from remediator.app import client as client_mod
+from remediator.cli import client as client_mod
 from tests.integration.operators.conftest import GATED, alert_body, waiting_step
 
 TWO_NODES = """

@@ -18,7 +18,7 @@ import remediator.app as app_mod
 from remediator import cli
 from remediator.adapters import auditfiles
 from remediator.adapters.db import tables
-from remediator.app import client as client_mod
+from remediator.cli import client as client_mod
 from remediator.domain import audit
 from tests.integration.operators.conftest import GATED, alert_body, waiting_step
 
