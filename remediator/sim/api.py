@@ -132,9 +132,14 @@ def list_objects(
     res = target.res
     labels = selectors.parse_label_selector(request.query.get("labelSelector"))
     fields = selectors.parse_field_selector(request.query.get("fieldSelector"), res.store_key)
+    node = next((f.value for f in fields if f.field == "spec.nodeName" and f.equal), None)
+    if res.store_key == "pods" and node is not None:
+        candidates = cluster.store.iter_pods_on_node(node, target.namespace)
+    else:
+        candidates = cluster.store.iter(res.store_key, target.namespace)
     items = [
         o
-        for o in cluster.store.iter(res.store_key, target.namespace)
+        for o in candidates
         if selectors.matches_labels(labels, o["metadata"].get("labels"))
         and selectors.matches_fields(fields, o, res.store_key)
     ]

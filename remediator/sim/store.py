@@ -71,6 +71,8 @@ class Store:
         self.history: collections.deque[Change] = collections.deque(maxlen=HISTORY)
         self.watchers: set[Watcher] = set()
         self.hooks: list[Hook] = []
+        self._pods_by_node: dict[str, list[tuple[str, str]]] | None = None
+        """Pod keys by ``spec.nodeName``, in key order; rebuilt on first use after pods change."""
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -96,6 +98,20 @@ class Store:
         """Iterate live objects without copying: callers must not mutate them."""
         bucket = self._objects[store_key]
         for key in sorted(bucket):
+            if namespace is None or key[0] == namespace:
+                yield bucket[key]
+
+    def iter_pods_on_node(self, node: str, namespace: str | None = None) -> Iterator[Obj]:
+        """``iter("pods", namespace)`` restricted to pods bound to ``node`` ("" for unbound
+        ones), through an index: a sweep of a large fleet lists each node's pods once, which
+        would otherwise scan every pod of the fleet for every node."""
+        bucket = self._objects["pods"]
+        if self._pods_by_node is None:
+            index: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)
+            for key in sorted(bucket):
+                index[bucket[key].get("spec", {}).get("nodeName") or ""].append(key)
+            self._pods_by_node = index
+        for key in self._pods_by_node.get(node, ()):
             if namespace is None or key[0] == namespace:
                 yield bucket[key]
 
@@ -194,6 +210,7 @@ class Store:
     def clear(self) -> None:
         self._objects.clear()
         self.history.clear()
+        self._pods_by_node = None
 
     def dump(self) -> Objects:
         """Every object by store key (for a state file); the history is not kept."""
@@ -208,6 +225,7 @@ class Store:
         no hooks, an empty history (watches from an older resource version get 410)."""
         self._objects.clear()
         self.history.clear()
+        self._pods_by_node = None
         for store_key, items in objects.items():
             res = resources.by_store_key(store_key)
             for obj in items:
@@ -219,6 +237,8 @@ class Store:
     # ---- watching --------------------------------------------------------------------
 
     def _emit(self, store_key: str, kind: str, obj: Obj, old: Obj | None) -> None:
+        if store_key == "pods":
+            self._pods_by_node = None
         change = Change(
             int(obj["metadata"]["resourceVersion"]),
             store_key,

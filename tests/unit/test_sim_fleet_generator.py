@@ -37,3 +37,29 @@ def test_sim_refuses_a_fleet_file_and_a_node_count_together():
     with pytest.raises(ValueError, match="not both"):
         sim_cli._load_fleet(parser.parse_args(["--nodes", "3", "--fleet", "fleet.yaml"]))
     assert len(sim_cli._load_fleet(parser.parse_args(["--nodes", "3"])).nodes) == 3
+
+
+def test_pods_by_node_follow_binding_and_deletion():
+    cluster = sim_cluster.Cluster(sim_fleet.generate(3))
+    store = cluster.store
+
+    def on_node(node: str, namespace: str | None = None) -> list[str]:
+        return [p["metadata"]["name"] for p in store.iter_pods_on_node(node, namespace)]
+
+    def scanned(node: str, namespace: str | None = None) -> list[str]:
+        return [
+            p["metadata"]["name"]
+            for p in store.iter("pods", namespace)
+            if (p["spec"].get("nodeName") or "") == node
+        ]
+
+    assert on_node("gpu-node-0002") == scanned("gpu-node-0002") != []
+    store.create("pods", {"metadata": {"name": "loose", "namespace": "default"}, "spec": {}})
+    assert on_node("") == ["loose"]
+    store.mutate("pods", "default", "loose", lambda p: p["spec"].update(nodeName="gpu-node-0002"))
+    assert "loose" in on_node("gpu-node-0002", "default")
+    assert on_node("") == []
+    driver = on_node("gpu-node-0001", "gpu-operator")[0]
+    store.delete("pods", "gpu-operator", driver)
+    assert on_node("gpu-node-0001") == scanned("gpu-node-0001")
+    assert driver not in on_node("gpu-node-0001")
