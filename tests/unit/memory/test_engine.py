@@ -379,3 +379,50 @@ async def test_one_pass_turns_a_new_alert_into_its_claimed_first_step(make_engin
     [run] = h.runs()
     assert (run.status, h.statuses(run.id)) == (runs.RunStatus.RUNNING, ["running", "pending"])
     await asyncio.wait_for(h.gate.entered.wait(), 5)  # already on its way, with no other pass
+
+
+async def test_steps_that_finish_together_are_recorded_in_one_transaction(make_engine):
+    """Group commit of outcomes: a burst's steps finish side by side, and their outcomes go
+    into one transaction (each in a savepoint of its own), not one transaction per step."""
+    h = make_engine(GATE_THEN_RECORD)
+    for node in ("gpu-node-01", "gpu-node-02", "gpu-node-03", "gpu-node-04"):
+        await h.fire(node=node)
+    await h.engine.tick()
+    assert len(h.engine._in_flight) == 4
+    operations: list[str] = []
+    run = h.store.run
+
+    async def counted(operation, work):
+        operations.append(operation)
+        return await run(operation, work)
+
+    h.store.run = counted
+    h.gate.gate.set()
+    await h.engine.wait_in_flight()
+    assert operations.count("step.finish") == 1
+    assert all(h.statuses(r.id) == ["succeeded", "pending"] for r in h.runs())
+    h.store.run = run
+    await h.settle()
+    assert all(h.statuses(r.id) == ["succeeded", "succeeded"] for r in h.runs())
+    assert h.store.verify().ok
+
+
+async def test_an_outcome_that_cannot_be_recorded_fails_alone(make_engine, monkeypatch):
+    """One step whose record raises (a bug) leaves the other outcomes of its batch recorded."""
+    h = make_engine(GATE_THEN_RECORD)
+    for node in ("gpu-node-01", "gpu-node-02"):
+        await h.fire(node=node)
+    await h.engine.tick()
+    [bad, good] = sorted(h.engine._in_flight)
+    finish = lifecycle.finish_step
+
+    def breaks_on_one(tx, step, *args, **kwargs):
+        if step.id == bad:
+            raise RuntimeError("a bug in recording")
+        return finish(tx, step, *args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "finish_step", breaks_on_one)
+    h.gate.gate.set()
+    await h.engine.wait_in_flight()
+    steps = {s.id: s.status.value for r in h.runs() for s in h.steps(r.id)}
+    assert (steps[bad], steps[good]) == ("running", "succeeded")
