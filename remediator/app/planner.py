@@ -9,6 +9,7 @@ from typing import Any
 
 from remediator.adapters import files, kubernetes
 from remediator.adapters.db import database, migrate, store
+from remediator.adapters.http import responses
 from remediator.app import settings as settings_mod
 from remediator.domain import alerts, playbooks
 from remediator.engine import previewing
@@ -66,7 +67,7 @@ async def plan_body(
         if found is not None:
             await found[0].dispose()
     return {
-        "alerts": planned,
+        "alerts": [responses.alert_plan(alert) for alert in planned],
         "cluster": "connected" if cluster else "not configured (no live state)",
         "guards": "evaluated" if found else "not evaluated (no migrated database)",
     }

@@ -116,20 +116,19 @@ def _audit_verify(args: argparse.Namespace) -> int:
     keys = _audit_keys(settings)
     if args.file:
         result = client.verify_export(pathlib.Path(args.file), keys)
-        report = {
+        report: dict[str, Any] = {
             "ok": result.ok,
             "checked": result.checked,
             "firstBrokenId": result.first_broken_id,
             "reason": result.reason,
         }
     elif args.database_url or not args.server:
-        report = asyncio.run(
-            client.verify_database(
-                settings.database_url,
-                keys=keys,
-                anchors=pathlib.Path(anchors) if anchors else None,
-            )
-        ).json()
+        from remediator.adapters.http import responses
+
+        checked = client.verify_database(
+            settings.database_url, keys=keys, anchors=pathlib.Path(anchors) if anchors else None
+        )
+        report = dict(responses.chain_report(asyncio.run(checked)))
     else:
         api = client.Client(server_url(args.server), args.token)
         try:

@@ -236,11 +236,11 @@ def event_line(event: dict[str, Any]) -> str:
     subject = "run" if str(event.get("kind", "")).startswith("run") else "step"
     if subject == "step" and data.get("key"):
         subject = f"step {data['key']}" + (" (undo)" if data.get("phase") == "undo" else "")
-    moved = f"{event.get('from_status') or '∅'} → {event.get('to_status') or '∅'}"
-    if not event.get("from_status") and not event.get("to_status"):
+    moved = f"{event.get('fromStatus') or '∅'} → {event.get('toStatus') or '∅'}"
+    if not event.get("fromStatus") and not event.get("toStatus"):
         moved = str(event.get("kind", ""))
     reason = f" “{short(str(event['reason']), 60)}”" if event.get("reason") else ""
-    chain = f"{str(event.get('prev_hash') or '')[:8]}→{str(event.get('hash') or '')[:8]}"
+    chain = f"{str(event.get('prevHash') or '')[:8]}→{str(event.get('hash') or '')[:8]}"
     return f"#{event.get('id')} {at} {event.get('actor', '?')}: {subject} {moved}{reason} {chain}"
 
 
@@ -248,8 +248,8 @@ def attempt_start(event: dict[str, Any]) -> bool:
     """A step's ``pending → running`` record (the intent before the effect)."""
     return (
         event.get("kind") == "step.transition"
-        and event.get("from_status") == "pending"
-        and event.get("to_status") == "running"
+        and event.get("fromStatus") == "pending"
+        and event.get("toStatus") == "running"
     )
 
 

@@ -61,6 +61,21 @@ CONTENT_FIELDS = (
 # same content as before they existed).
 SEALING_FIELDS = ("key_id", "rows")
 
+# An event's fields as the API and the export files name them (camelCase) beside the store's
+# names, which the hash covers (``canonical``). Older exports have the store's names.
+EXPORT_NAMES = {
+    name: re.sub(r"_([a-z])", lambda m: m.group(1).upper(), name)
+    for name in (*CONTENT_FIELDS, *SEALING_FIELDS, "prev_hash", "hash")
+}
+
+
+def from_export(line: Mapping[str, Any]) -> dict[str, Any]:
+    """An exported event with the store's field names, from a line in either naming."""
+    if "prevHash" not in line:
+        return dict(line)
+    return {name: line.get(exported) for name, exported in EXPORT_NAMES.items()}
+
+
 # Columns whose changes are not audited: lease bookkeeping, due times and the progress a
 # running step reports (its final output is audited once it ends).
 VOLATILE = {

@@ -346,8 +346,8 @@ def _writer(outcome: dict[str, Any], entry: dict[str, Any]) -> str:
             s["id"]: s for s in run["steps"] if s["action"] in ACTIONS_OF.get(entry["kind"], ())
         }
         for event in run["events"]:
-            step = steps.get(event["step_id"])
-            if step and event["to_status"] == "running" and _moment(event["at"]) <= when:
+            step = steps.get(event["stepId"])
+            if step and event["toStatus"] == "running" and _moment(event["at"]) <= when:
                 undo = " (undo)" if step["phase"] == "undo" else ""
                 claims.append(
                     (
@@ -401,7 +401,7 @@ def _reported(
     """A reporting event (of ``kinds``) names the node (in its data or through its run) and,
     when it names GPUs at all, this GPU."""
     for event in [e for kind in kinds for e in outcome[kind]]:
-        run = outcome["runs"].get(event.get("run_id")) or {}
+        run = outcome["runs"].get(event.get("runId")) or {}
         text = json.dumps(event.get("data")) + (event.get("reason") or "")
         on_node = node in text or run.get("node") == node
         on_gpu = gpu is None or gpu in text or run.get("gpu") == gpu or "GPU-" not in text

@@ -591,7 +591,7 @@ def test_gpu_alerts_from_prometheus_end_as_actions_on_the_right_nodes(world: Wor
 
     # 6. the audit trail tells the story, and its hash chain verifies
     trail = world.api("GET", "/api/v1/audit/events", token=AUDITOR, params={"run": ecc["id"]})
-    moves = [(e["actor"], e["from_status"], e["to_status"]) for e in trail["items"]]
+    moves = [(e["actor"], e["fromStatus"], e["toStatus"]) for e in trail["items"]]
     assert ("e2e-operator", "waiting_approval", "pending") in moves, moves
     assert any(to == "succeeded" for _, _, to in moves)
     verified = _verify_chain(world)

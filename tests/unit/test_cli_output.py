@@ -127,8 +127,8 @@ def test_a_run_waiting_for_approval_says_how_to_approve_it():
                 "at": f"2026-12-03T07:00:{n:02d}+00:00",
                 "actor": "engine",
                 "kind": "step.transition",
-                "from_status": "pending",
-                "to_status": "running",
+                "fromStatus": "pending",
+                "toStatus": "running",
                 "reason": f"event {n}",
             }
             for n in range(20)
@@ -227,7 +227,7 @@ def test_a_plan_table_says_which_alert_is_deduplicated_and_what_the_others_would
                             {
                                 "key": "drain",
                                 "action": "node.drain",
-                                "requires_approval": True,
+                                "requiresApproval": True,
                                 "guard": {"go": False, "reason": "breaker open"},
                                 "preview": {"would": "drain gpu-node-01"},
                             }

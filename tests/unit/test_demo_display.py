@@ -164,11 +164,11 @@ def test_audit_event_line_names_actor_move_reason_and_chain_link() -> None:
         "at": "2026-11-30T02:11:50.907000+00:00",
         "kind": "step.transition",
         "actor": "demo-operator",
-        "from_status": "waiting_approval",
-        "to_status": "pending",
+        "fromStatus": "waiting_approval",
+        "toStatus": "pending",
         "reason": "looks right",
         "data": {"key": "drain", "phase": "do"},
-        "prev_hash": "b404cb04aaaa",
+        "prevHash": "b404cb04aaaa",
         "hash": "d7b2878cbbbb",
     }
     assert display.event_line(event) == (
@@ -176,7 +176,7 @@ def test_audit_event_line_names_actor_move_reason_and_chain_link() -> None:
         "b404cb04→d7b2878c"
     )
     assert not display.attempt_start(event)
-    assert display.attempt_start({**event, "from_status": "pending", "to_status": "running"})
+    assert display.attempt_start({**event, "fromStatus": "pending", "toStatus": "running"})
 
 
 def test_intake_line_explains_deduplication() -> None:

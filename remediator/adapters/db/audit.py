@@ -161,19 +161,6 @@ class ChainReport:
     unsealed: int = 0
     deliveries: int = 0
 
-    def json(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "checked": self.checked,
-            "firstBrokenId": self.first_broken_id,
-            "reason": self.reason,
-            "headId": self.head_id,
-            "anchors": self.anchors,
-            "rows": self.rows,
-            "unsealedRows": self.unsealed,
-            "deliveries": self.deliveries,
-        }
-
 
 SEALED = {"runs": R, "steps": S, "approvals": AP}
 
@@ -198,7 +185,7 @@ class AuditQueries:
             query = query.where(A.c.id < cursor)
         async with self.db.read("audit.events") as conn:
             rows = list(await conn.execute(query.limit(limit + 1)))
-        return queries.paged(rows, limit, queries.event_json)
+        return queries.paged(rows, limit)
 
     async def runs(self, filters: Filters, *, limit: int, cursor: int | None) -> queries.Page:
         if filters.principal is not None:
@@ -208,7 +195,7 @@ class AuditQueries:
             query = query.where(R.c.id < cursor)
         async with self.db.read("audit.runs") as conn:
             rows = list(await conn.execute(query.limit(limit + 1)))
-        return queries.paged(rows, limit, queries.run_json)
+        return queries.paged(rows, limit)
 
     async def _principal_runs(
         self, filters: Filters, *, limit: int, cursor: int | None, chunk: int = 500
@@ -249,7 +236,7 @@ class AuditQueries:
                 upper = window[-1]
                 if len(window) < chunk:
                     break
-        return queries.paged(rows, limit, queries.run_json)
+        return queries.paged(rows, limit)
 
     async def stream_events(self, filters: Filters) -> AsyncIterator[list[dict[str, Any]]]:
         """Matching events in chain order, one keyset batch at a time."""
@@ -264,7 +251,7 @@ class AuditQueries:
             if not rows:
                 return
             after = rows[-1].id
-            yield [queries.event_json(row) for row in rows]
+            yield [queries.event_record(row) for row in rows]
             if len(rows) < self.batch:
                 return
 
@@ -377,19 +364,6 @@ class AuditQueries:
                 checked += 1
         return None, checked
 
-    async def delivery(self, delivery_id: int) -> dict[str, Any] | None:
+    async def delivery(self, delivery_id: int) -> Any | None:
         async with self.db.read("audit.delivery") as conn:
-            row = (await conn.execute(sa.select(D).where(D.c.id == delivery_id))).one_or_none()
-        if row is None:
-            return None
-        return {
-            "id": row.id,
-            "receivedAt": row.received_at.isoformat(),
-            "receiver": row.receiver,
-            "status": row.status,
-            "groupKey": row.group_key,
-            "alertCount": row.alert_count,
-            "principal": row.principal,
-            "remote": row.remote,
-            "body": row.body,
-        }
+            return (await conn.execute(sa.select(D).where(D.c.id == delivery_id))).one_or_none()

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from remediator.adapters.db import queries
 from remediator.adapters.http import auth as http_auth
-from remediator.adapters.http import hygiene, runbooks
+from remediator.adapters.http import hygiene, responses, runbooks
 from remediator.domain import auth, errors
 
 
@@ -58,8 +58,8 @@ def _filters(request: web.Request, allowed: tuple[str, ...]) -> dict[str, str]:
     return {key: request.query[key] for key in allowed if key in request.query}
 
 
-def _page_json(page: queries.Page) -> web.Response:
-    return web.json_response({"items": page.items, "nextCursor": page.next_cursor})
+def _page_json(page: queries.Page, render: Any) -> web.Response:
+    return web.json_response(responses.page(page, render))
 
 
 async def list_alerts(request: web.Request) -> web.Response:
@@ -68,7 +68,7 @@ async def list_alerts(request: web.Request) -> web.Response:
     page = await request.app[API].queries.episodes(
         limit=limit, cursor=cursor, filters=_filters(request, _ALERT_FILTERS)
     )
-    return _page_json(page)
+    return _page_json(page, responses.episode)
 
 
 async def list_runs(request: web.Request) -> web.Response:
@@ -81,7 +81,7 @@ async def list_runs(request: web.Request) -> web.Response:
             fields=[{"field": "episode", "message": "not an id"}],
         )
     page = await request.app[API].queries.runs(limit=limit, cursor=cursor, filters=filters)
-    return _page_json(page)
+    return _page_json(page, responses.run)
 
 
 def int_param(request: web.Request, name: str) -> int:
@@ -97,7 +97,7 @@ async def get_run(request: web.Request) -> web.Response:
     detail = await request.app[API].queries.run_detail(int_param(request, "run_id"))
     if detail is None:
         raise errors.NotFound("run not found")
-    return web.json_response(detail)
+    return web.json_response(responses.run_detail(detail))
 
 
 async def _decision(request: web.Request, *, approve: bool) -> web.Response:

@@ -15,11 +15,15 @@ from typing import Any
 from aiohttp import web
 
 from remediator.adapters.db import audit as db_audit
-from remediator.adapters.http import api, hygiene
+from remediator.adapters.http import api, hygiene, responses
 from remediator.adapters.http import auth as http_auth
 from remediator.domain import audit, auth, errors
 
-EXPORT_FIELDS = (*audit.CONTENT_FIELDS, *audit.SEALING_FIELDS, "prev_hash", "hash")
+# Export lines and CSV columns: the API's event shape, in the order the chain hashes them.
+EXPORT_FIELDS = tuple(
+    responses.EVENT_NAMES[name]
+    for name in (*audit.CONTENT_FIELDS, *audit.SEALING_FIELDS, "prev_hash", "hash")
+)
 MAX_ARTIFACT_PATH = 1024
 
 
@@ -95,7 +99,7 @@ async def list_events(request: web.Request) -> web.Response:
     limit, cursor = api.paging(request)
     filters = parse_filters(request, db_audit.EVENT_FILTERS, ("limit", "cursor"))
     page = await request.app[AUDIT].queries.events(filters, limit=limit, cursor=cursor)
-    return web.json_response({"items": page.items, "nextCursor": page.next_cursor})
+    return web.json_response(responses.page(page, responses.event_row))
 
 
 async def list_runs(request: web.Request) -> web.Response:
@@ -103,7 +107,7 @@ async def list_runs(request: web.Request) -> web.Response:
     limit, cursor = api.paging(request)
     filters = parse_filters(request, db_audit.RUN_FILTERS, ("limit", "cursor"))
     page = await request.app[AUDIT].queries.runs(filters, limit=limit, cursor=cursor)
-    return web.json_response({"items": page.items, "nextCursor": page.next_cursor})
+    return web.json_response(responses.page(page, responses.run))
 
 
 def _csv_rows(batch: list[dict[str, Any]], *, header: bool) -> bytes:
@@ -111,7 +115,8 @@ def _csv_rows(batch: list[dict[str, Any]], *, header: bool) -> bytes:
     writer = csv.writer(buffer, lineterminator="\n")
     if header:
         writer.writerow(EXPORT_FIELDS)
-    for event in batch:
+    for record in batch:
+        event: dict[str, Any] = dict(responses.event(record))
         writer.writerow(
             [
                 (
@@ -126,9 +131,10 @@ def _csv_rows(batch: list[dict[str, Any]], *, header: bool) -> bytes:
 
 
 def _jsonl_rows(batch: list[dict[str, Any]]) -> bytes:
+    lines = (dict(responses.event(record)) for record in batch)
     return "".join(
         json.dumps({key: event[key] for key in EXPORT_FIELDS}, ensure_ascii=False) + "\n"
-        for event in batch
+        for event in lines
     ).encode()
 
 
@@ -172,7 +178,7 @@ async def export_events(request: web.Request) -> web.StreamResponse:
 async def verify_chain(request: web.Request) -> web.Response:
     http_auth.require(request, auth.Permission.AUDIT)
     report = await request.app[AUDIT].queries.verify()
-    return web.json_response(report.json())
+    return web.json_response(responses.chain_report(report))
 
 
 async def get_delivery(request: web.Request) -> web.Response:
@@ -180,7 +186,7 @@ async def get_delivery(request: web.Request) -> web.Response:
     found = await request.app[AUDIT].queries.delivery(api.int_param(request, "delivery_id"))
     if found is None:
         raise errors.NotFound("delivery not found (or deleted by retention)")
-    return web.json_response(found)
+    return web.json_response(responses.delivery(found))
 
 
 def resolve_artifact(root: pathlib.Path, relative: str) -> pathlib.Path:

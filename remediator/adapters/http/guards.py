@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from remediator.adapters.http import auth as http_auth
-from remediator.adapters.http import runbooks
+from remediator.adapters.http import responses, runbooks
 from remediator.domain import auth
 
 
@@ -24,14 +24,19 @@ GUARDS = web.AppKey("guards", GuardDeps)
 
 async def get_breaker(request: web.Request) -> web.Response:
     http_auth.require(request, auth.Permission.READ)
-    return web.json_response(await request.app[GUARDS].status())
+    return web.json_response(await _breaker(request))
 
 
 async def reset_breaker(request: web.Request) -> web.Response:
     principal = http_auth.require(request, auth.Permission.OPERATE)
     body: runbooks.CommentBody = await runbooks.read_json(request, runbooks.CommentBody)
-    state = await request.app[GUARDS].reset(principal=principal.name, comment=body.comment)
-    return web.json_response(state)
+    await request.app[GUARDS].reset(principal=principal.name, comment=body.comment)
+    return web.json_response(await _breaker(request))
+
+
+async def _breaker(request: web.Request) -> responses.BreakerStatus:
+    state = await request.app[GUARDS].status()
+    return responses.breaker(state, state.get("disrupted_nodes", ()))
 
 
 def add_routes(app: web.Application) -> None:

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from remediator.adapters.db import audit as db_audit
 from remediator.adapters.http import audit as http_audit
-from remediator.adapters.http import console, hygiene
+from remediator.adapters.http import console, hygiene, responses
 from remediator.domain import auth, errors, runs
 
 esc = console.esc
@@ -156,7 +156,7 @@ async def runs_page(request: web.Request) -> web.Response:
     given, api, filters, problems = read_filters(request, RUN_FIELDS)
     cursor = _cursor(request, problems)
     page = await request.app[http_audit.AUDIT].queries.runs(filters, limit=PAGE_SIZE, cursor=cursor)
-    items, next_cursor = page.items, page.next_cursor
+    items, next_cursor = map(responses.run, page.items), page.next_cursor
     rows = "".join(
         f'<tr class="run"><td><a href="/runbooks/runs/{r["id"]}">run {r["id"]}</a></td>'
         f"<td>{esc(r['playbook'])}</td><td>{esc(r['kind'])}</td><td>{esc(r['node'] or '')}</td>"
@@ -193,12 +193,12 @@ async def audit_page(request: web.Request) -> web.Response:
     page = await request.app[http_audit.AUDIT].queries.events(
         filters, limit=PAGE_SIZE, cursor=cursor
     )
-    items, next_cursor = page.items, page.next_cursor
+    items, next_cursor = map(responses.event_row, page.items), page.next_cursor
     rows = "".join(
         f'<tr class="event"><td>{e["id"]}</td><td>{console.when(e["at"])}</td>'
         f"<td>{esc(e['kind'])}</td><td>{esc(e['actor'])}</td><td>"
-        + (f'<a href="/runbooks/runs/{e["run_id"]}">run {e["run_id"]}</a>' if e["run_id"] else "")
-        + f"</td><td>{esc(e['from_status'] or '')} → {esc(e['to_status'] or '')}</td>"
+        + (f'<a href="/runbooks/runs/{e["runId"]}">run {e["runId"]}</a>' if e["runId"] else "")
+        + f"</td><td>{esc(e['fromStatus'] or '')} → {esc(e['toStatus'] or '')}</td>"
         f"<td>{esc(e['reason'] or '')}</td></tr>"
         for e in items
     )

@@ -107,7 +107,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             ("alertname", "string", ""),
             ("fingerprint", "string", ""),
         ),
-        answer="Page",
+        answer="EpisodePage",
     ),
     ("GET", "/api/v1/runs"): Operation(
         summary="Runs, newest first",
@@ -121,12 +121,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             ("kind", "string", "alert|manual|undo"),
             ("episode", "integer", ""),
         ),
-        answer="Page",
+        answer="RunPage",
     ),
     ("GET", "/api/v1/runs/{run_id}"): Operation(
         summary="A run: steps, outputs, approvals, audit events, alert and links",
         tag="runs",
         roles=READ,
+        answer="RunDetail",
     ),
     ("POST", "/api/v1/runs/{run_id}/steps/{step_id}/approve"): Operation(
         summary="Approve a waiting step (distinct principals count towards `approvals`)",
@@ -148,18 +149,20 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         summary="What the run's steps will do (node, GPUs, pods, PDBs, guard verdicts)",
         tag="runs",
         roles=READ,
+        answer="RunPlan",
     ),
     ("POST", "/api/v1/plan"): Operation(
         summary="Plan a playbook for a node without running it",
         tag="runs",
         roles=READ,
         body="PlanPayload",
+        answer="Plan",
     ),
     ("GET", "/api/v1/approvals"): Operation(
         summary="Steps waiting for approval with run, alert and Alertmanager link",
         tag="approvals",
         roles=READ,
-        answer="Items",
+        answer="Approvals",
     ),
     ("GET", "/api/v1/runbooks"): Operation(
         summary="Manual runbooks and their parameters",
@@ -185,24 +188,31 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         answer="Fleet",
     ),
     ("GET", "/api/v1/breaker"): Operation(
-        summary="Circuit breaker state", tag="guards", roles=READ
+        summary="Circuit breaker state and the nodes the disruption budget counts",
+        tag="guards",
+        roles=READ,
+        answer="BreakerStatus",
     ),
     ("POST", "/api/v1/breaker/reset"): Operation(
-        summary="Close the circuit breaker", tag="guards", roles=OPERATE, body=runbooks.CommentBody
+        summary="Close the circuit breaker",
+        tag="guards",
+        roles=OPERATE,
+        body=runbooks.CommentBody,
+        answer="BreakerStatus",
     ),
     ("GET", "/api/v1/audit/events"): Operation(
         summary="Audit events, filtered, newest first",
         tag="audit",
         roles=AUDIT,
         query=(*PAGING, *EVENT_FILTERS),
-        answer="Page",
+        answer="EventPage",
     ),
     ("GET", "/api/v1/audit/runs"): Operation(
         summary="Runs, filtered, newest first",
         tag="audit",
         roles=AUDIT,
         query=(*PAGING, *AUDIT_FILTERS),
-        answer="Page",
+        answer="RunPage",
     ),
     ("GET", "/api/v1/audit/export"): Operation(
         summary="Export audit events with their hashes (streamed, chain order)",
@@ -215,9 +225,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         summary="Verify the audit hash chain; reports the first broken link",
         tag="audit",
         roles=AUDIT,
+        answer="ChainReport",
     ),
     ("GET", "/api/v1/deliveries/{delivery_id}"): Operation(
-        summary="A raw Alertmanager delivery", tag="audit", roles=AUDIT
+        summary="A raw Alertmanager delivery", tag="audit", roles=AUDIT, answer="Delivery"
     ),
     ("GET", "/api/v1/artifacts/{path}"): Operation(
         summary="An artifact (e.g. a bug report) under the artifact directory",

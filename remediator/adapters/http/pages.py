@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from remediator.adapters.db import queries
-from remediator.adapters.http import api, console, history, hygiene, runbooks, runpage
+from remediator.adapters.http import api, console, history, hygiene, responses, runbooks, runpage
 from remediator.adapters.http import auth as http_auth
 from remediator.domain import auth, errors
 
@@ -194,14 +194,15 @@ def _runbooks_section(request: web.Request, principal: auth.Principal, csrf: str
 async def index(request: web.Request) -> web.Response:
     principal, via = _viewer(request)
     csrf = _csrf(request, principal, via)
-    items = await queries.pending_approvals(request.app[runbooks.RUNBOOKS].db)
+    waiting = await queries.pending_approvals(request.app[runbooks.RUNBOOKS].db)
+    items = [dict(responses.pending_approval(item)) for item in waiting]
     recent = await request.app[api.API].queries.runs(limit=20, cursor=None, filters={})
     runs = "".join(
         f'<tr><td><a href="/runbooks/runs/{run["id"]}">{run["id"]}</a></td>'
         f"<td>{esc(run['playbook'])}</td><td>{esc(run['node'] or '')}</td>"
         f'<td class="status">{esc(run["status"])}</td>'
         f"<td>{console.when(run['createdAt'])}</td></tr>"
-        for run in recent.items
+        for run in map(responses.run, recent.items)
     )
     body = (
         "<h2>Waiting for approval</h2>"

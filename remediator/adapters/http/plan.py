@@ -12,7 +12,7 @@ import pydantic
 from aiohttp import web
 
 from remediator.adapters.http import auth as http_auth
-from remediator.adapters.http import hygiene
+from remediator.adapters.http import hygiene, responses
 from remediator.domain import alerts, auth, errors
 
 
@@ -51,7 +51,8 @@ async def post_plan(request: web.Request) -> web.Response:
         raise errors.ValidationFailed(
             "intake would refuse this payload: values in it can never be stored", fields=problems
         )
-    return web.json_response({"alerts": await request.app[PLAN].plan_payload(payload)})
+    planned = await request.app[PLAN].plan_payload(payload)
+    return web.json_response({"alerts": [responses.alert_plan(alert) for alert in planned]})
 
 
 async def get_run_plan(request: web.Request) -> web.Response:
@@ -62,7 +63,7 @@ async def get_run_plan(request: web.Request) -> web.Response:
     plan = await request.app[PLAN].plan_run(run_id)
     if plan is None:
         raise errors.NotFound("run not found")
-    return web.json_response(plan)
+    return web.json_response(responses.run_plan(plan))
 
 
 def add_routes(app: web.Application) -> None:

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from remediator.adapters.db import database, queries
 from remediator.adapters.http import auth as http_auth
-from remediator.adapters.http import hygiene
+from remediator.adapters.http import hygiene, responses
 from remediator.domain import alerts, auth, errors, playbooks
 from remediator.engine import planning
 
@@ -153,8 +153,8 @@ def runbook_json(playbook: playbooks.Playbook) -> dict[str, Any]:
 
 async def list_approvals(request: web.Request) -> web.Response:
     http_auth.require(request, auth.Permission.READ)
-    items = await queries.pending_approvals(request.app[RUNBOOKS].db)
-    return web.json_response({"items": items})
+    waiting = await queries.pending_approvals(request.app[RUNBOOKS].db)
+    return web.json_response({"items": [responses.pending_approval(item) for item in waiting]})
 
 
 async def list_runbooks(request: web.Request) -> web.Response:

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from remediator.adapters.http import api, console, outputs, runbooks
+from remediator.adapters.http import api, console, outputs, responses, runbooks
 from remediator.adapters.http import plan as plan_http
 from remediator.domain import auth, errors
 
@@ -245,8 +245,8 @@ def _links(detail: dict[str, Any], *, can_audit: bool) -> str:
 def _events(detail: dict[str, Any]) -> str:
     rows = "".join(
         f'<tr class="event"><td>{console.when(e["at"])}</td><td>{esc(e["kind"])}</td>'
-        f"<td>{esc(e['actor'])}</td><td>{esc(e['from_status'] or '')} → "
-        f"{esc(e['to_status'] or '')}</td><td>{esc(e['reason'] or '')}</td></tr>"
+        f"<td>{esc(e['actor'])}</td><td>{esc(e['fromStatus'] or '')} → "
+        f"{esc(e['toStatus'] or '')}</td><td>{esc(e['reason'] or '')}</td></tr>"
         for e in detail.get("events", [])
     )
     return (
@@ -264,9 +264,10 @@ async def _plan(request: web.Request, run_id: int) -> dict[str, Any] | None:
 async def run_page(request: web.Request) -> web.Response:
     principal, via = console.viewer(request)
     run_id = api.int_param(request, "run_id")
-    detail = await request.app[api.API].queries.run_detail(run_id)
-    if detail is None:
+    found = await request.app[api.API].queries.run_detail(run_id)
+    if found is None:
         raise errors.NotFound("run not found")
+    detail: dict[str, Any] = dict(responses.run_detail(found))
     rules = request.app[runbooks.RUNBOOKS].rules
     playbook = rules.index.get(detail["playbook"])
     own_manual = detail["kind"] == "manual" and detail["principal"] == principal.name

@@ -12,7 +12,7 @@ from typing import Any
 
 import pydantic
 
-from remediator.adapters.http import fleet, plan
+from remediator.adapters.http import fleet, plan, responses
 from remediator.domain import alerts, matching
 
 NO_NUL = "^[^\\x00]*$"  # Postgres cannot store NUL in text: intake refuses it everywhere
@@ -123,13 +123,6 @@ class TriggerForm(pydantic.BaseModel):
 # Answers.
 
 
-class Page(pydantic.BaseModel):
-    items: list[dict[str, Any]]
-    nextCursor: str | None = pydantic.Field(
-        description="cursor of the next page (an id as a decimal string), null on the last"
-    )
-
-
 class Items(pydantic.BaseModel):
     items: list[dict[str, Any]]
 
@@ -199,7 +192,7 @@ ERROR: dict[str, Any] = {
 def components() -> dict[str, Any]:
     """``components.schemas`` of the document."""
     models: tuple[type[pydantic.BaseModel], ...] = (
-        *(Page, Items, Decision, Stored, Health, Ready, Started, StartedMany),
+        *(Items, Decision, Stored, Health, Ready, Started, StartedMany),
         fleet.Fleet,
     )
     found: dict[str, Any] = {"Error": ERROR, **webhook_payload()}
@@ -207,6 +200,10 @@ def components() -> dict[str, Any]:
         schema = model.model_json_schema(ref_template=REF)
         found |= schema.pop("$defs", {})
         found[model.__name__] = schema
+    for answer in responses.SCHEMAS:
+        schema = pydantic.TypeAdapter(answer).json_schema(ref_template=REF)
+        found |= schema.pop("$defs", {})
+        found[answer.__name__] = schema
     found["Launch"] = {
         "oneOf": [{"$ref": REF.format(model=name)} for name in ("Started", "StartedMany")]
     }

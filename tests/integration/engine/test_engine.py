@@ -33,7 +33,7 @@ async def test_a_firing_alert_runs_every_step_in_order_and_audits_each_transitio
     detail = await h.run_detail(run["id"])
     assert [s["status"] for s in detail["steps"]] == ["succeeded", "succeeded"]
     assert applied(h) == ["one", "two"]
-    transitions = [(e["kind"], e["to_status"]) for e in detail["events"]]
+    transitions = [(e["kind"], e["toStatus"]) for e in detail["events"]]
     assert transitions[0] == ("run.created", "pending")
     assert transitions[-1] == ("run.transition", "succeeded")
     assert transitions.count(("step.transition", "running")) == 2

@@ -43,7 +43,7 @@ async def test_the_budget_caps_disrupted_nodes_and_the_rest_wait_visibly(make_ha
     assert all(reason == "disruption budget in use: 2 of 2 nodes" for _, reason in held)
     breaker = await (await h.client.get("/api/v1/breaker")).json()
     assert breaker["open"] is False
-    assert len(breaker["disrupted_nodes"]) == 2
+    assert len(breaker["disruptedNodes"]) == 2
 
 
 async def test_a_storm_opens_the_breaker_notifies_and_resumes_after_a_reset(make_harness, clock):
@@ -77,7 +77,7 @@ async def test_a_storm_opens_the_breaker_notifies_and_resumes_after_a_reset(make
     assert refused.status == 400
     reset = await h.client.post("/api/v1/breaker/reset", json={"comment": "storm understood"})
     assert reset.status == 200
-    assert (await reset.json())["reset_by"] == "anonymous"
+    assert (await reset.json())["resetBy"] == "anonymous"
     clock.advance(6)
     await h.settle()
     assert len(disrupted(h)) == 4
@@ -128,4 +128,4 @@ async def test_dry_run_is_not_held_and_takes_no_budget(make_harness):
     await h.settle()
     assert [r["status"] for r in await h.runs()] == ["succeeded"] * 3
     assert h.records() == []
-    assert (await (await h.client.get("/api/v1/breaker")).json())["disrupted_nodes"] == []
+    assert (await (await h.client.get("/api/v1/breaker")).json())["disruptedNodes"] == []

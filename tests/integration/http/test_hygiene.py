@@ -312,7 +312,7 @@ async def test_deep_or_huge_json_bodies_are_400(make_harness):
     assert problems == []
     assert await h.runs() == []
     breaker = await (await h.client.get("/api/v1/breaker")).json()
-    assert breaker.get("reset_by") is None
+    assert breaker.get("resetBy") is None
 
 
 @SQLITE_ONLY
@@ -476,7 +476,7 @@ async def test_json_endpoints_refuse_other_content_types_with_415(make_harness):
             if (status, error["code"]) != (415, "unsupported_media_type"):
                 problems.append(f"{path} {content_type}: {status} {error}")
     assert problems == []
-    assert (await (await h.client.get("/api/v1/breaker")).json()).get("reset_by") is None
+    assert (await (await h.client.get("/api/v1/breaker")).json()).get("resetBy") is None
 
 
 @SQLITE_ONLY

@@ -46,7 +46,7 @@ async def test_ten_concurrent_approvals_make_one_transition_and_one_execution(
     assert len(applied(h, "drain")) == 1
     found = await detail(h, run_id)
     assert found["status"] == "succeeded"
-    moved = events(found, kind="step.transition", step_id=step_id, to_status="pending")
+    moved = events(found, kind="step.transition", stepId=step_id, toStatus="pending")
     assert len(moved) == 1
     assert len(found["approvals"]) == 1
 
@@ -71,7 +71,7 @@ async def test_two_person_rule_needs_two_distinct_principals(make_harness, token
     assert len(applied(h, "drain")) == 1
     found = await detail(h, run_id)
     assert [a["principal"] for a in found["approvals"]] == ["olivia", "oscar"]
-    [moved] = events(found, kind="step.transition", to_status="pending")
+    [moved] = events(found, kind="step.transition", toStatus="pending")
     assert moved["actor"] == "oscar"
     assert moved["data"]["approvers"] == ["olivia", "oscar"]
     [partial] = events(found, kind="step.approval")
@@ -131,8 +131,8 @@ async def test_an_expired_approval_rejects_the_run_by_default(make_harness, cloc
     await h.settle()
     found = await detail(h, run_id)
     assert found["status"] == "rejected"
-    [expired] = events(found, kind="step.transition", step_id=step_id)[-1:]
-    assert expired["to_status"] == "rejected"
+    [expired] = events(found, kind="step.transition", stepId=step_id)[-1:]
+    assert expired["toStatus"] == "rejected"
     assert expired["actor"] == "engine"
     assert expired["data"]["decision"] == "expired"
     late = await h.client.post(

@@ -8,6 +8,7 @@ import csv
 import hashlib
 import io
 import json
+import re
 
 import pytest
 import sqlalchemy as sa
@@ -51,12 +52,12 @@ async def test_events_and_runs_filter_by_node_alert_playbook_action_outcome_prin
     assert (await _get(h, "/api/v1/audit/runs", playbook="nope"))["items"] == []
     events = (await _get(h, "/api/v1/audit/events", node="gpu-node-01"))["items"]
     assert events
-    assert all(e["run_id"] == by_alert[0]["id"] for e in events)
+    assert all(e["runId"] == by_alert[0]["id"] for e in events)
     steps = (await _get(h, "/api/v1/audit/events", action="test.record"))["items"]
     assert steps
-    assert all(e["step_id"] is not None for e in steps)
+    assert all(e["stepId"] is not None for e in steps)
     engine = await _get(h, "/api/v1/audit/events", principal="engine", outcome="succeeded")
-    assert {e["to_status"] for e in engine["items"]} == {"succeeded"}
+    assert {e["toStatus"] for e in engine["items"]} == {"succeeded"}
     fingerprint = by_alert[0]["id"]
     assert fingerprint
     later = (await _get(h, "/api/v1/audit/events", since="2100-01-01T00:00:00Z"))["items"]
@@ -91,7 +92,7 @@ async def test_exports_stream_every_event_with_hashes_and_verify_offline(make_ha
     assert response.headers["Content-Type"].startswith("application/x-ndjson")
     text = await response.text()
     *lines, trailer = [json.loads(line) for line in text.splitlines()]
-    assert lines[0]["prev_hash"] == "0" * 64
+    assert lines[0]["prevHash"] == "0" * 64
     assert all("hash" in e for e in lines)
     assert trailer["trailer"] == {
         "filtered": False,
@@ -113,6 +114,32 @@ async def test_exports_stream_every_event_with_hashes_and_verify_offline(make_ha
     rows = list(csv.DictReader(io.StringIO(await as_csv.text())))
     assert [int(r["id"]) for r in rows] == [e["id"] for e in lines]
     assert rows[-1]["hash"] == lines[-1]["hash"]
+    assert list(rows[0]) == list(lines[0]), "CSV columns are the JSON Lines fields"
+
+
+async def test_offline_verification_takes_exports_with_the_stores_field_names(
+    make_harness, tmp_path
+):
+    """Exports written before the API named its keys in camelCase (``run_id``, ``prev_hash``)
+    still verify, and an edit in one is still found."""
+    h = await make_harness(TWO_NODES)
+    await _history(h)
+    text = await (await h.client.get("/api/v1/audit/export")).text()
+    *lines, trailer = [json.loads(line) for line in text.splitlines()]
+    assert {"runId", "stepId", "fromStatus", "toStatus", "prevHash", "keyId"} <= set(lines[0])
+    older = [
+        {
+            re.sub("([A-Z])", lambda m: "_" + m.group(1).lower(), key): value
+            for key, value in e.items()
+        }
+        for e in lines
+    ]
+    assert {"run_id", "prev_hash", "to_status", "key_id"} <= set(older[0])
+    path = tmp_path / "older.jsonl"
+    assert _write(path, older, trailer).ok
+    older[2]["to_status"] = "succeeded" if older[2]["to_status"] != "succeeded" else "failed"
+    edited = _write(path, older, trailer)
+    assert (edited.ok, edited.first_broken_id) == (False, older[2]["id"])
 
 
 def _write(path, events, trailer):
@@ -284,7 +311,7 @@ async def test_runs_a_principal_triggered_or_acted_on_page_newest_first(make_har
         page = await queries._principal_runs(
             db_audit.Filters(principal="bob"), limit=1, cursor=cursor, chunk=2
         )
-        seen += [r["id"] for r in page.items]
+        seen += [r.id for r in page.items]
         if page.next_cursor is None:
             break
         cursor = int(page.next_cursor)

@@ -58,7 +58,7 @@ async def test_a_plan_shows_gpus_pods_blocking_budgets_and_guards_without_changi
     preview = drain["preview"]
     assert "ml-training/llama-finetune-0" in preview["evict"]
     assert any(key.startswith("gpu-operator/") for key in preview["skipped"])
-    assert drain["requires_approval"] is True
+    assert drain["requiresApproval"] is True
     assert drain["guard"] == {"go": True, "reason": "within budget: 1 of 1 nodes"}
     # Nothing changed: no run, the node schedulable, the limits as they were.
     assert await h.runs() == []

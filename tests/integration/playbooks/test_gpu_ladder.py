@@ -123,6 +123,6 @@ async def test_xid79_on_the_same_gpu_climbs_reset_then_reboot_then_replacement(
         finished = {
             e["data"]["key"]
             for e in events
-            if e["kind"] == "step.transition" and e["to_status"] == "succeeded"
+            if e["kind"] == "step.transition" and e["toStatus"] == "succeeded"
         }
         assert {"ladder", "reset", "reboot", "replace"} <= finished

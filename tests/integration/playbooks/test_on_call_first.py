@@ -91,7 +91,7 @@ def started_for(notifier: FakeNotifier, node: str) -> list[dict[str, Any]]:
 
 def first_event_of(detail: dict[str, Any], key: str) -> int:
     step_id = step(detail, key)["id"]
-    return next(i for i, e in enumerate(detail["events"]) if e["step_id"] == step_id)
+    return next(i for i, e in enumerate(detail["events"]) if e["stepId"] == step_id)
 
 
 async def test_a_xid79_held_by_the_disruption_budget_is_told_to_on_call_before_its_cordon(

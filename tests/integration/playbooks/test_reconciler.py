@@ -87,8 +87,8 @@ async def test_a_kept_cordon_removed_by_hand_is_reported_once_and_not_reapplied(
     [event] = await effect_events(h)
     assert event["kind"] == "effect.vanished"
     assert event["actor"] == "reconciler"
-    assert event["run_id"] == detail["id"]
-    assert event["step_id"] == step(detail, "cordon")["id"]
+    assert event["runId"] == detail["id"]
+    assert event["stepId"] == step(detail, "cordon")["id"]
     assert event["data"]["node"] == XID_NODE
     assert event["data"]["presence"] == "gone"
     assert "is not cordoned any more" in event["reason"]
@@ -189,7 +189,7 @@ async def test_a_cordon_its_undo_could_not_reverse_is_undone_once_the_api_answer
     [verdict] = found.verdicts
     assert verdict.resolution == "undo-planned"
     [event] = await effect_events(h, "effect.undo_planned")
-    assert event["step_id"] == step(detail, "cordon")["id"]
+    assert event["stepId"] == step(detail, "cordon")["id"]
     assert f"cordoned by run-{detail['id']}" in event["reason"]
     await h.settle()
     _, again = await undo_ended(h, clock, 2)
@@ -212,7 +212,7 @@ async def test_a_cordon_two_undos_could_not_reverse_is_reported_as_orphaned(
     told = len(notifier.sent)
     await h.components.reconcile()
     [event] = await effect_events(h, "effect.orphaned")
-    assert event["step_id"] == step(detail, "cordon")["id"]
+    assert event["stepId"] == step(detail, "cordon")["id"]
     assert event["data"]["resolution"] == "reported"
     assert event["data"]["presence"] == "present"
     assert event["data"]["node"] == HOT_NODE

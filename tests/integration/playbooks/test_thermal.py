@@ -52,7 +52,7 @@ async def test_temperature_high_caps_each_hot_gpu_and_restores_each_when_it_cool
     detail = await h.run_detail(next(r["id"] for r in runs if r["gpu"] == gpu0.uuid))
     [record] = step(detail, "power-cap")["output"]["gpus"]
     assert record | {"previous_limit": 700.0, "set_limit": CAPPED} == record
-    caps = [e for e in detail["events"] if e["to_status"] == "succeeded" and e["step_id"]]
+    caps = [e for e in detail["events"] if e["toStatus"] == "succeeded" and e["stepId"]]
     assert len(caps) == 3  # power-cap, event, notify each audited
 
     # GPU 1 cools down first (a partially resolved group), then GPU 0.
@@ -139,7 +139,7 @@ async def test_temperature_critical_caps_cordons_drains_after_approval_and_undoe
         assert words in started["message"]
     assert "Approve the drain" in waiting["message"]
     order = [step(detail, key)["id"] for key in ("notify-start", "power-cap", "cordon")]
-    firsts = [next(e["id"] for e in detail["events"] if e["step_id"] == s) for s in order]
+    firsts = [next(e["id"] for e in detail["events"] if e["stepId"] == s) for s in order]
     assert firsts == sorted(firsts)  # on-call is told before the cap and the cordon
 
     assert await approve(h, detail, "drain", "move the training job") == 200
