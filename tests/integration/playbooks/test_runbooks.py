@@ -115,6 +115,23 @@ async def test_fleet_health_sweep_thresholds_and_fail_on_are_parameters(
     assert "found warning problems" in step(detail, "report")["error"]
 
 
+async def test_fleet_health_sweep_reads_as_many_nodes_at_once_as_asked_up_to_64(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim
+) -> None:
+    h = await gpu_harness()
+    run_id = await trigger(
+        h, "fleet-health-sweep", {"max_concurrency": 2, "fail_on": "never"}, None
+    )
+    detail = await h.run_detail(run_id)
+    assert detail["status"] == "succeeded", statuses(detail)
+    assert len(step(detail, "report")["output"]["nodes"]) == 4
+
+    run_id = await trigger(h, "fleet-health-sweep", {"max_concurrency": 65}, None)
+    detail = await h.run_detail(run_id)
+    assert detail["status"] == "failed", statuses(detail)
+    assert "max_concurrency" in detail["reason"], detail["reason"]
+
+
 async def test_fleet_health_sweep_reports_a_node_it_cannot_read(
     gpu_harness: MakeGpuHarness, sim: testing.RunningSim
 ) -> None:
