@@ -48,11 +48,16 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"remediator: the tokens file is invalid: {problems}", file=sys.stderr)
         return 2
     host, port = settings.host_port
-    # Everything built so far (imported modules, the Kubernetes client's model classes, the
-    # app) lives for the whole process: move it out of the collector's way, so a full
-    # collection does not pause the webhook for ~100 ms while it walks 160,000 objects.
-    gc.collect()
-    gc.freeze()
+
+    async def freeze_survivors(_: web.Application) -> None:
+        gc.collect()
+        gc.freeze()
+
+    # Everything start-up builds (imported modules, the app, the Kubernetes client's model
+    # classes once a cluster is connected) lives for the whole process: once it has started,
+    # before it listens, move it out of the collector's way, so a full collection does not
+    # pause the webhook for ~100 ms while it walks 160,000 objects.
+    app.on_startup.append(freeze_survivors)
     logger.info("listening on %s:%s", host, port, extra={"database": settings.is_sqlite})
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     shown = f"[{shown}]" if ":" in shown else shown
