@@ -15,6 +15,8 @@ EXPECTED = {
     ("policy", "poddisruptionbudgets", "list", CLUSTER),
     ("", "pods/eviction", "create", CLUSTER),
     ("", "events", "create", CLUSTER),
+    # notify's owner lookup: a workload's team/owner label or annotation on its namespace.
+    ("", "namespaces", "get", CLUSTER),
     ("coordination.k8s.io", "leases", "get", "namespace:remediator"),
     ("coordination.k8s.io", "leases", "create", "namespace:remediator"),
     ("coordination.k8s.io", "leases", "update", "namespace:remediator"),
