@@ -128,7 +128,7 @@ def wait_http(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not proc.alive():
-            raise RuntimeError(f"{' '.join(proc.popen.args)} exited:\n{proc.tail()}")  # type: ignore[arg-type]
+            raise RuntimeError(f"{proc.popen.args} exited:\n{proc.tail()}")
         request = urllib.request.Request(url, headers=headers or {})
         with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=2) as answer:
             if answer.status == 200:
