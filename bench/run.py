@@ -16,6 +16,7 @@ import dataclasses
 import os
 import pathlib
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -67,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(chosen) - set(STAGES)
     if unknown:
         parser.error(f"unknown stages: {', '.join(sorted(unknown))}")
+    # SIGTERM unwinds like Ctrl-C: every stage's ``finally`` stops its processes.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows: list[table.Row] = []
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="remediator-bench-") as tmp:
