@@ -258,7 +258,7 @@ class StepRunner:
             original = tx.get_step(step.undo_of)
             return run, episode, dict(original.output) if original else {}
 
-        run, episode, applied = await self.services.store.run("load", load)
+        run, episode, applied = await self.services.store.read("load", load)
 
         async def report(update: dict[str, Any]) -> None:
             progress.clear()
