@@ -31,7 +31,16 @@ from remediator.adapters.db import audit as db_audit
 from remediator.adapters.db import database, intake, migrate, queries, retention, store
 from remediator.adapters.db import fleet as db_fleet
 from remediator.adapters.db import sessions as db_sessions
-from remediator.adapters.http import api, auth, health, hygiene, openapi, pages, runbooks
+from remediator.adapters.http import (
+    api,
+    auth,
+    health,
+    hygiene,
+    openapi,
+    operating,
+    pages,
+    runbooks,
+)
 from remediator.adapters.http import audit as http_audit
 from remediator.adapters.http import errors as http_errors
 from remediator.adapters.http import fleet as fleet_http
@@ -40,7 +49,7 @@ from remediator.adapters.http import intake as http_intake
 from remediator.adapters.http import plan as plan_http
 from remediator.app import logs
 from remediator.app import settings as settings_mod
-from remediator.domain import alerts, audit, errors, playbooks, records
+from remediator.domain import audit, errors, playbooks
 from remediator.domain import auth as domain_auth
 from remediator.engine import (
     approvals,
@@ -49,14 +58,11 @@ from remediator.engine import (
     ladders,
     lifecycle,
     operations,
-    planning,
-    previewing,
     reconciler,
     worker,
 )
 from remediator.ports import actions, cluster
 from remediator.ports import leader as leader_port
-from remediator.ports import store as store_port
 
 logger = logging.getLogger("remediator")
 
@@ -195,55 +201,24 @@ class Components:
             logs.add_secrets([settings.session_secret.get_secret_value()])
         self.sessions = db_sessions.SqlSessions(self.db, self.store, clock=clock)
 
-    def previewer(self) -> previewing.Previewer:
-        return previewing.Previewer(
-            index=self.rules.index,
-            registry=self.registry,
-            notifier=self.notifier,
-            cluster=self.cluster,
+    def build_operations(self) -> operations.Operations:
+        """The use cases the HTTP API and the console call."""
+        settings = self.settings
+        return operations.Operations(
             store=self.store,
-            guards=self.settings.guards,
+            records=db_fleet.FleetQueries(self.db),
+            registry=self.registry,
+            index=lambda: self.rules.index,
+            cluster=lambda: self.cluster,  # connected at start-up
+            notifier=self.notifier,
+            guards=settings.guards,
             clock=self.clock,
-            dry_run=self.settings.dry_run,
-            node_labels=tuple(self.settings.target_node_labels),
+            dry_run=settings.dry_run,
+            forbid_alert_sender=settings.approval_forbid_alert_sender,
+            node_labels=tuple(settings.target_node_labels),
+            wake=self.engine.wake,
+            publish=self.engine.publish,
         )
-
-    async def plan_payload(self, payload: alerts.WebhookPayload) -> list[dict[str, Any]]:
-        return await self.previewer().plan_payload(payload)
-
-    async def plan_run(self, run_id: int) -> dict[str, Any] | None:
-        def load(
-            tx: store_port.Tx,
-        ) -> tuple[records.Run, list[records.Step], dict[str, str]] | None:
-            run = tx.get_run(run_id)
-            if run is None:
-                return None
-            episode = tx.get_episode(run.episode_id) if run.episode_id else None
-            return run, tx.steps_of_run(run_id), episode.labels if episode else {}
-
-        found = await self.store.read("plan.load", load)
-        if found is None:
-            return None
-        return await self.previewer().plan_run(*found)
-
-    async def breaker_status(self) -> dict[str, Any]:
-        status = await self.store.read("breaker", guarding.breaker_status)
-
-        def budget(tx: store_port.Tx) -> list[str]:
-            snapshot = tx.guard_snapshot(
-                node=None, since=tx.now, disruptive_playbooks=[], gpu_nodes=None
-            )
-            return sorted(snapshot.disrupted_nodes)
-
-        return {**status, "disrupted_nodes": await self.store.read("budget", budget)}
-
-    async def reset_breaker(self, *, principal: str, comment: str) -> dict[str, Any]:
-        state = await self.store.run(
-            "breaker.reset",
-            lambda tx: guarding.reset_breaker(tx, principal=principal, comment=comment),
-        )
-        self.engine.wake()
-        return dict(state)
 
     def is_leader(self) -> bool:
         return self.elector is not None and self.elector.is_leader
@@ -251,89 +226,6 @@ class Components:
     def add_singleton(self, name: str, loop: leader.Loop) -> None:
         """Register a loop that only the leader runs (before the app starts)."""
         self.singletons[name] = loop
-
-    async def decide(
-        self,
-        *,
-        run_id: int,
-        step_id: int,
-        principal: domain_auth.Principal,
-        approve: bool,
-        comment: str,
-    ) -> dict[str, Any]:
-        report = lifecycle.Report()
-
-        def work(tx: store.SqlTx) -> records.Step:
-            step = tx.get_step(step_id)
-            if step is None or step.run_id != run_id:
-                raise errors.NotFound(f"step {step_id} of run {run_id} not found")
-            report.finished.clear()
-            report.notices.clear()
-            return lifecycle.decide_approval(
-                tx,
-                step_id,
-                principal=principal.name,
-                approve=approve,
-                comment=comment,
-                registry=self.registry,
-                report=report,
-                forbid_alert_sender=self.settings.approval_forbid_alert_sender,
-            )
-
-        moved = await self.store.run("approval", work)
-        await self.engine.publish(report)
-        self.engine.wake()
-        return {
-            "runId": run_id,
-            "stepId": step_id,
-            "status": moved.status.value,
-            "approvalsRequired": moved.approvals_required,
-        }
-
-    async def trigger(
-        self,
-        *,
-        playbook: playbooks.Playbook,
-        node: str | None,
-        params: dict[str, Any],
-        principal: domain_auth.Principal,
-        dry_run: bool = False,
-    ) -> dict[str, Any]:
-        """Start a manual runbook; the run and its ``run.created`` event name the principal.
-        The run's node is its one target: ``node`` or ``params.node``, which must agree."""
-        node = planning.manual_target(node, params)
-
-        def work(tx: store.SqlTx) -> int:
-            return lifecycle.create_manual_run(
-                tx,
-                playbook,
-                self.registry,
-                params=params,
-                node=node,
-                principal=principal.name,
-                dry_run=dry_run or self.settings.dry_run,
-            )
-
-        run_id = await self.store.run("runbook.trigger", work)
-        self.engine.wake()
-        return {
-            "runId": run_id,
-            "playbook": playbook.name,
-            "node": node,
-            "principal": principal.name,
-        }
-
-    async def select_nodes(self, selector: str) -> list[str]:
-        """GPU nodes matching ``selector`` (for a runbook started on many nodes)."""
-        if self.cluster is None:
-            raise errors.ValidationFailed("no Kubernetes cluster is configured to select nodes")
-        gpu_selector = getattr(self.cluster, "gpu_node_selector", "")
-        combined = ",".join(part for part in (gpu_selector, selector) if part)
-        try:
-            nodes = await self.cluster.list_nodes(combined)
-        except errors.RemediatorError as e:
-            raise errors.ValidationFailed(f"cannot select nodes with {selector!r}: {e}") from e
-        return sorted(node.name for node in nodes)
 
     async def expire_approvals(self) -> int:
         """Expire approvals older than ``approval_timeout`` with the configured outcome."""
@@ -435,27 +327,13 @@ def create_app(
     app[http_intake.INTAKE] = http_intake.IntakeDeps(
         components.writer, components.metrics, settings.max_body_bytes
     )
-    app[api.API] = api.ApiDeps(components.queries, components.decide)
+    app[operating.OPERATIONS] = components.build_operations()
+    app[api.API] = api.ApiDeps(components.queries)
     _web_identity(app, settings, components)
-    app[runbooks.RUNBOOKS] = runbooks.RunbookDeps(
-        components.db, components.rules, components.trigger, components.select_nodes
-    )
+    app[runbooks.RUNBOOKS] = runbooks.RunbookDeps(components.db, components.rules)
     app[http_audit.AUDIT] = http_audit.AuditDeps(components.audit, settings.artifact_dir)
     app[health.HEALTH] = health.HealthDeps(
         components.db, components.rules, components.metrics, clock=components.clock
-    )
-    app[guards_http.GUARDS] = guards_http.GuardDeps(
-        components.breaker_status, components.reset_breaker
-    )
-    app[plan_http.PLAN] = plan_http.PlanDeps(components.plan_payload, components.plan_run)
-    app[fleet_http.FLEET] = fleet_http.FleetDeps(
-        operations.Operations(
-            store=components.store,
-            records=db_fleet.FleetQueries(components.db),
-            cluster=lambda: components.cluster,
-            guards=settings.guards,
-            wake=components.engine.wake,
-        )
     )
     app.router.add_post("/api/v1/alerts", http_intake.post_alerts)
     api.add_routes(app)

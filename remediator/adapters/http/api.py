@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from remediator.adapters.db import queries
 from remediator.adapters.http import auth as http_auth
-from remediator.adapters.http import hygiene, responses, runbooks
+from remediator.adapters.http import hygiene, operating, responses, runbooks
 from remediator.domain import auth, errors
 
 
 @dataclasses.dataclass(frozen=True)
 class ApiDeps:
     queries: queries.Queries
-    decide: Callable[..., Awaitable[dict[str, Any]]]
 
 
 API = web.AppKey("api", ApiDeps)
@@ -105,14 +103,14 @@ async def _decision(request: web.Request, *, approve: bool) -> web.Response:
     run_id = int_param(request, "run_id")
     step_id = int_param(request, "step_id")
     body: runbooks.CommentBody = await runbooks.read_json(request, runbooks.CommentBody)
-    result = await request.app[API].decide(
+    decided = await request.app[operating.OPERATIONS].decide(
         run_id=run_id,
         step_id=step_id,
-        principal=principal,
+        principal=principal.name,
         approve=approve,
         comment=body.comment,
     )
-    return web.json_response(result)
+    return web.json_response(responses.decision(decided))
 
 
 async def approve_step(request: web.Request) -> web.Response:

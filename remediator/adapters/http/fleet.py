@@ -15,21 +15,12 @@ import pydantic
 from aiohttp import web
 
 from remediator.adapters.http import auth as http_auth
-from remediator.adapters.http import console
+from remediator.adapters.http import console, operating
 from remediator.domain import auth, errors, fleet
-from remediator.engine import operations
 
 esc = console.esc
 REFRESH_SECONDS = 5
 _FLEET_JS = console.template("live.js")
-
-
-@dataclasses.dataclass(frozen=True)
-class FleetDeps:
-    operations: operations.Operations
-
-
-FLEET = web.AppKey("fleet", FleetDeps)
 
 
 class CappedGpu(pydantic.BaseModel):
@@ -132,7 +123,7 @@ def fleet_json(status: fleet.FleetStatus) -> dict[str, Any]:
 
 async def get_fleet(request: web.Request) -> web.Response:
     http_auth.require(request, auth.Permission.READ)
-    status = await request.app[FLEET].operations.fleet_status()
+    status = await request.app[operating.OPERATIONS].fleet_status()
     return web.json_response(fleet_json(status))
 
 
@@ -238,7 +229,7 @@ def _held(status: fleet.FleetStatus) -> str:
 
 async def fleet_page(request: web.Request) -> web.Response:
     principal, via = console.viewer(request)
-    status = await request.app[FLEET].operations.fleet_status()
+    status = await request.app[operating.OPERATIONS].fleet_status()
     counts: dict[str, int] = {}
     for node in status.nodes:
         counts[node.state] = counts.get(node.state, 0) + 1
@@ -281,7 +272,9 @@ async def reset_breaker(request: web.Request) -> web.Response:
             "a comment (at most 4000 characters) is required", status=400, back="/runbooks/fleet"
         )
     try:
-        await request.app[FLEET].operations.reset_breaker(principal=principal.name, comment=comment)
+        await request.app[operating.OPERATIONS].reset_breaker(
+            principal=principal.name, comment=comment
+        )
     except errors.RemediatorError as e:
         return console.error_page(str(e), status=409, back="/runbooks/fleet")
     raise web.HTTPSeeOther("/runbooks/fleet?reset=1")

@@ -2,41 +2,26 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 from aiohttp import web
 
 from remediator.adapters.http import auth as http_auth
-from remediator.adapters.http import responses, runbooks
+from remediator.adapters.http import operating, responses, runbooks
 from remediator.domain import auth
-
-
-@dataclasses.dataclass(frozen=True)
-class GuardDeps:
-    status: Callable[[], Awaitable[dict[str, Any]]]
-    reset: Callable[..., Awaitable[dict[str, Any]]]
-
-
-GUARDS = web.AppKey("guards", GuardDeps)
 
 
 async def get_breaker(request: web.Request) -> web.Response:
     http_auth.require(request, auth.Permission.READ)
-    return web.json_response(await _breaker(request))
+    status = await request.app[operating.OPERATIONS].breaker_status()
+    return web.json_response(responses.breaker(status))
 
 
 async def reset_breaker(request: web.Request) -> web.Response:
     principal = http_auth.require(request, auth.Permission.OPERATE)
     body: runbooks.CommentBody = await runbooks.read_json(request, runbooks.CommentBody)
-    await request.app[GUARDS].reset(principal=principal.name, comment=body.comment)
-    return web.json_response(await _breaker(request))
-
-
-async def _breaker(request: web.Request) -> responses.BreakerStatus:
-    state = await request.app[GUARDS].status()
-    return responses.breaker(state, state.get("disrupted_nodes", ()))
+    status = await request.app[operating.OPERATIONS].reset_breaker(
+        principal=principal.name, comment=body.comment
+    )
+    return web.json_response(responses.breaker(status))
 
 
 def add_routes(app: web.Application) -> None:

@@ -19,7 +19,16 @@ from typing import Any
 from aiohttp import web
 
 from remediator.adapters.db import queries
-from remediator.adapters.http import api, console, history, hygiene, responses, runbooks, runpage
+from remediator.adapters.http import (
+    api,
+    console,
+    history,
+    hygiene,
+    operating,
+    responses,
+    runbooks,
+    runpage,
+)
 from remediator.adapters.http import auth as http_auth
 from remediator.domain import auth, errors
 
@@ -239,10 +248,10 @@ async def _decide(request: web.Request, *, approve: bool) -> web.Response:
             errors.ValidationFailed("a comment is required"), back=f"/runbooks/runs/{run_id}"
         )
     try:
-        await request.app[api.API].decide(
+        await request.app[operating.OPERATIONS].decide(
             run_id=run_id,
             step_id=step_id,
-            principal=principal,
+            principal=principal.name,
             approve=approve,
             comment=comment,
         )
@@ -271,12 +280,12 @@ async def trigger(request: web.Request) -> web.Response:
             params[key[6:]] = _typed(value, spec.type.value if spec else "string")
     node = str(form.get("node", "")).strip() or None
     try:
-        result = await runbooks.start_runbook(
-            request, principal, name=name, node=node, params=params
+        started = await request.app[operating.OPERATIONS].trigger(
+            playbook=name, node=node, params=params, principal=principal.name
         )
     except errors.RemediatorError as e:
         return _error_page(e)
-    raise web.HTTPSeeOther(f"/runbooks/runs/{result['runId']}")
+    raise web.HTTPSeeOther(f"/runbooks/runs/{started.run_id}")
 
 
 def _typed(value: str, kind: str) -> Any:

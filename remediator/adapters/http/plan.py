@@ -4,25 +4,13 @@ would refuse is refused the same way) and
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 import pydantic
 from aiohttp import web
 
 from remediator.adapters.http import auth as http_auth
-from remediator.adapters.http import hygiene, responses
+from remediator.adapters.http import hygiene, operating, responses
 from remediator.domain import alerts, auth, errors
 
-
-@dataclasses.dataclass(frozen=True)
-class PlanDeps:
-    plan_payload: Callable[[alerts.WebhookPayload], Awaitable[list[dict[str, Any]]]]
-    plan_run: Callable[[int], Awaitable[dict[str, Any] | None]]
-
-
-PLAN = web.AppKey("plan", PlanDeps)
 # Each alert is planned with its guards' verdict read from the database and every step
 # previewed: a few milliseconds each, so a body within max_body_bytes (thousands of alerts)
 # kept a reader's request busy for tens of seconds. Alertmanager groups hold a handful.
@@ -51,7 +39,7 @@ async def post_plan(request: web.Request) -> web.Response:
         raise errors.ValidationFailed(
             "intake would refuse this payload: values in it can never be stored", fields=problems
         )
-    planned = await request.app[PLAN].plan_payload(payload)
+    planned = await request.app[operating.OPERATIONS].plan_payload(payload)
     return web.json_response({"alerts": [responses.alert_plan(alert) for alert in planned]})
 
 
@@ -60,7 +48,7 @@ async def get_run_plan(request: web.Request) -> web.Response:
     run_id = hygiene.parse_id(request.match_info["run_id"])
     if run_id is None:
         raise errors.NotFound("run not found")
-    plan = await request.app[PLAN].plan_run(run_id)
+    plan = await request.app[operating.OPERATIONS].plan_run(run_id)
     if plan is None:
         raise errors.NotFound("run not found")
     return web.json_response(responses.run_plan(plan))

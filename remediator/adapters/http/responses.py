@@ -21,6 +21,7 @@ from typing_extensions import TypedDict
 from remediator.adapters.db import audit as db_audit
 from remediator.adapters.db import queries
 from remediator.domain import audit
+from remediator.engine import operations
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -205,6 +206,31 @@ class BreakerStatus(TypedDict):
     resetBy: str | None
     resetComment: str | None
     disruptedNodes: list[str]
+
+
+class Decision(TypedDict):
+    """A step after a decision: its status and the approvals it needs."""
+
+    runId: int
+    stepId: int
+    status: str
+    approvalsRequired: int
+
+
+class Started(TypedDict):
+    """A manual run and the principal who started it."""
+
+    runId: int
+    playbook: str
+    node: str | None
+    principal: str
+
+
+class StartedMany(TypedDict):
+    """One run per GPU node the selector matched."""
+
+    selector: str
+    runs: list[Started]
 
 
 class RunPage(TypedDict):
@@ -485,17 +511,38 @@ def chain_report(report: db_audit.ChainReport) -> ChainReport:
     }
 
 
-def breaker(state: Mapping[str, Any], disrupted: Iterable[str] = ()) -> BreakerStatus:
-    """The breaker's stored state (``guarding.breaker_status``) and the disrupted nodes."""
+def breaker(status: operations.BreakerStatus) -> BreakerStatus:
     return {
-        "open": bool(state.get("open")),
-        "reason": state.get("reason"),
-        "openedAt": state.get("opened_at"),
-        "resetAt": state.get("reset_at"),
-        "resetBy": state.get("reset_by"),
-        "resetComment": state.get("reset_comment"),
-        "disruptedNodes": list(disrupted),
+        "open": status.open,
+        "reason": status.reason,
+        "openedAt": status.opened_at,
+        "resetAt": status.reset_at,
+        "resetBy": status.reset_by,
+        "resetComment": status.reset_comment,
+        "disruptedNodes": list(status.disrupted_nodes),
     }
+
+
+def decision(found: operations.Decision) -> Decision:
+    return {
+        "runId": found.run_id,
+        "stepId": found.step_id,
+        "status": found.status.value,
+        "approvalsRequired": found.approvals_required,
+    }
+
+
+def started(found: operations.Triggered) -> Started:
+    return {
+        "runId": found.run_id,
+        "playbook": found.playbook,
+        "node": found.node,
+        "principal": found.principal,
+    }
+
+
+def started_many(found: operations.Selected) -> StartedMany:
+    return {"selector": found.selector, "runs": [started(run) for run in found.runs]}
 
 
 _PLAN_STEP_NAMES = {"requires_approval": "requiresApproval"}
@@ -550,4 +597,7 @@ SCHEMAS: tuple[type[Any], ...] = (
     BreakerStatus,
     Plan,
     RunPlan,
+    Decision,
+    Started,
+    StartedMany,
 )

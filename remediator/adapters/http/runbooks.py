@@ -14,8 +14,6 @@ acts on it). Two different nodes are refused naming both.
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import annotated_types
@@ -24,11 +22,11 @@ from aiohttp import web
 
 from remediator.adapters.db import database, queries
 from remediator.adapters.http import auth as http_auth
-from remediator.adapters.http import hygiene, responses
+from remediator.adapters.http import hygiene, operating, responses
 from remediator.domain import alerts, auth, errors, playbooks
-from remediator.engine import planning
+from remediator.engine import operations as operations_mod
 
-NODE_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+NODE_NAME = operations_mod.NODE_NAME
 
 
 # A runbook parameter's value: the types a playbook can declare; integers within 64 bits
@@ -94,8 +92,6 @@ class CommentBody(pydantic.BaseModel):
 class RunbookDeps:
     db: database.Database
     rules: Any
-    trigger: Callable[..., Awaitable[dict[str, Any]]]
-    select_nodes: Callable[[str], Awaitable[list[str]]]
 
 
 RUNBOOKS = web.AppKey("runbooks", RunbookDeps)
@@ -121,13 +117,6 @@ def manual_playbooks(rules: Any) -> list[playbooks.Playbook]:
         (playbook for playbook in index.playbooks.values() if playbook.manual),
         key=lambda playbook: playbook.name,
     )
-
-
-def manual_playbook(rules: Any, name: str) -> playbooks.Playbook:
-    playbook: playbooks.Playbook | None = rules.index.get(name)
-    if playbook is None or not playbook.manual:
-        raise errors.NotFound(f"no manual runbook {name[:80]!r}")
-    return playbook
 
 
 def runbook_json(playbook: playbooks.Playbook) -> dict[str, Any]:
@@ -167,69 +156,27 @@ async def trigger_runbook(request: web.Request) -> web.Response:
     principal = http_auth.require(request, auth.Permission.OPERATE)
     body: TriggerBody = await read_json(request, TriggerBody)
     name = request.match_info["playbook"]
-    manual_playbook(request.app[RUNBOOKS].rules, name)  # 404 before any node is selected
+    operations = request.app[operating.OPERATIONS]
     if body.selector is None:
-        result = await start_runbook(
-            request,
-            principal,
-            name=name,
+        started = await operations.trigger(
+            playbook=name,
             node=body.node,
             params=body.params,
+            principal=principal.name,
             dry_run=body.dryRun,
         )
-        return web.json_response(result, status=201)
-    if body.node is not None or "node" in body.params:
+        return web.json_response(responses.started(started), status=201)
+    operations.manual_playbook(name)  # not found before the body's fields are looked at
+    if body.node is not None:
         raise errors.ValidationFailed("give node (or params.node) or selector, not both")
-    nodes = await request.app[RUNBOOKS].select_nodes(body.selector)
-    if not nodes:
-        raise errors.ValidationFailed(f"no GPU node matches {body.selector!r}")
-    started = [
-        await start_runbook(
-            request,
-            principal,
-            name=name,
-            node=node,
-            params={**body.params, "node": node},
-            dry_run=body.dryRun,
-        )
-        for node in nodes
-    ]
-    return web.json_response({"selector": body.selector, "runs": started}, status=201)
-
-
-async def start_runbook(
-    request: web.Request,
-    principal: auth.Principal,
-    *,
-    name: str,
-    node: str | None,
-    params: dict[str, Any],
-    dry_run: bool = False,
-) -> dict[str, Any]:
-    deps = request.app[RUNBOOKS]
-    playbook = manual_playbook(deps.rules, name)
-    if node is not None:  # the form's node is free text
-        _check_node_name(node, field="node")
-    planning.manual_target(node, params)  # refuses two different nodes
-    if node is not None and "node" in playbook.parameters:
-        params = {**params, "node": node}
-    values, problems = playbooks.validate_parameters(playbook.parameters, params)
-    if problems:
-        raise errors.ValidationFailed("invalid parameters", fields=problems)
-    target = values.get("node", node) if "node" in playbook.parameters else node
-    if target is not None:
-        _check_node_name(target, field="params.node" if node is None else "node")
-    result: dict[str, Any] = await deps.trigger(
-        playbook=playbook, node=target, params=values, principal=principal, dry_run=dry_run
+    selected = await operations.trigger_selected(
+        playbook=name,
+        selector=body.selector,
+        params=body.params,
+        principal=principal.name,
+        dry_run=body.dryRun,
     )
-    return result
-
-
-def _check_node_name(node: object, *, field: str) -> None:
-    if isinstance(node, str) and re.fullmatch(NODE_NAME, node):
-        return
-    message = f"{str(node)[:80]!r} is not a Kubernetes node name (a DNS-1123 subdomain)"
-    raise errors.ValidationFailed(message, fields=[{"field": field, "message": message}])
+    return web.json_response(responses.started_many(selected), status=201)
 
 
 def add_routes(app: web.Application) -> None:

@@ -16,8 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from remediator.adapters.http import api, console, outputs, responses, runbooks
-from remediator.adapters.http import plan as plan_http
+from remediator.adapters.http import api, console, operating, outputs, responses, runbooks
 from remediator.domain import auth, errors
 
 esc = console.esc
@@ -257,7 +256,9 @@ def _events(detail: dict[str, Any]) -> str:
 
 async def _plan(request: web.Request, run_id: int) -> dict[str, Any] | None:
     with contextlib.suppress(TimeoutError, errors.RemediatorError):
-        return await asyncio.wait_for(request.app[plan_http.PLAN].plan_run(run_id), PLAN_TIMEOUT)
+        return await asyncio.wait_for(
+            request.app[operating.OPERATIONS].plan_run(run_id), PLAN_TIMEOUT
+        )
     return None
 
 

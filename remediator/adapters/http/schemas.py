@@ -127,13 +127,6 @@ class Items(pydantic.BaseModel):
     items: list[dict[str, Any]]
 
 
-class Decision(pydantic.BaseModel):
-    runId: int
-    stepId: int
-    status: str
-    approvalsRequired: int
-
-
 class Stored(pydantic.BaseModel):
     status: str
     deliveryId: int
@@ -149,18 +142,6 @@ class Health(pydantic.BaseModel):
 class Ready(pydantic.BaseModel):
     status: str = pydantic.Field(description="ready or not ready")
     checks: dict[str, str]
-
-
-class Started(pydantic.BaseModel):
-    runId: int
-    playbook: str
-    node: str | None
-    principal: str
-
-
-class StartedMany(pydantic.BaseModel):
-    selector: str
-    runs: list[Started]
 
 
 ERROR: dict[str, Any] = {
@@ -192,7 +173,7 @@ ERROR: dict[str, Any] = {
 def components() -> dict[str, Any]:
     """``components.schemas`` of the document."""
     models: tuple[type[pydantic.BaseModel], ...] = (
-        *(Items, Decision, Stored, Health, Ready, Started, StartedMany),
+        *(Items, Stored, Health, Ready),
         fleet.Fleet,
     )
     found: dict[str, Any] = {"Error": ERROR, **webhook_payload()}
