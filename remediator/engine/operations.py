@@ -248,11 +248,11 @@ class Operations:
             node_labels=self.node_labels,
         )
 
-    async def plan_payload(self, payload: alerts.WebhookPayload) -> list[dict[str, Any]]:
+    async def plan_payload(self, payload: alerts.WebhookPayload) -> list[previewing.AlertPlan]:
         """Every alert's plan (``Previewer.plan_payload``)."""
         return await self.previewer().plan_payload(payload)
 
-    async def plan_run(self, run_id: int) -> dict[str, Any] | None:
+    async def plan_run(self, run_id: int) -> previewing.RunPlan | None:
         """What the run's remaining steps will do (``None``: no such run)."""
 
         def load(

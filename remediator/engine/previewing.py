@@ -22,6 +22,45 @@ from remediator.domain import targeting as targeting_rules
 from remediator.engine import guarding, planning, targeting
 from remediator.ports import actions, cluster, notify, store
 
+#: A step as a plan shows it: its key, action and status and, for a step still to run, what
+#: its action would do (``preview``, the action's own keys) and the guards' verdict (``guard``).
+StepPreview = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """A run a matching playbook would start (``steps`` empty when it could not be planned)."""
+
+    playbook: str
+    node: str | None
+    gpu: str | None
+    dry_run: bool
+    on_resolve: playbooks.ResolvePolicy
+    status: str
+    reason: str
+    steps: tuple[StepPreview, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class AlertPlan:
+    """What one alert of a payload would start (``deduplicated``: why it would start nothing)."""
+
+    alert: dict[str, Any]
+    resolved: bool
+    note: str
+    deduplicated: str
+    playbooks: tuple[PlannedRun, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What a run's steps will do: previews of those still to run, the others' status."""
+
+    run: int
+    playbook: str
+    node: str | None
+    steps: tuple[StepPreview, ...]
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Previewer:
@@ -35,7 +74,7 @@ class Previewer:
     dry_run: bool = False
     node_labels: tuple[str, ...] = targeting_rules.DEFAULT_ORDER
 
-    async def plan_payload(self, payload: alerts.WebhookPayload) -> list[dict[str, Any]]:
+    async def plan_payload(self, payload: alerts.WebhookPayload) -> list[AlertPlan]:
         """Every alert's plan. The guards' verdicts of all of them are read in one transaction
         (one per alert and playbook queued behind every write, and took seconds)."""
         repeats = await self._repeats(payload.alerts)
@@ -134,18 +173,19 @@ class Previewer:
         labels: dict[str, str],
         alert: alerts.Alert | None,
         verdict: guard_rules.Verdict | None,
-    ) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "playbook": playbook.name,
-            "node": new.node,
-            "gpu": new.gpu,
-            "dry_run": new.dry_run,
-            "on_resolve": new.on_resolve,
-            "status": new.status.value,
-            "reason": new.reason,
-        }
+    ) -> PlannedRun:
+        out = PlannedRun(
+            playbook=playbook.name,
+            node=new.node,
+            gpu=new.gpu,
+            dry_run=new.dry_run,
+            on_resolve=new.on_resolve,
+            status=new.status.value,
+            reason=new.reason,
+            steps=(),
+        )
         if new.status is runs.RunStatus.FAILED:
-            return out | {"steps": []}
+            return out
         steps = []
         for step in new.steps:
             steps.append(
@@ -162,11 +202,11 @@ class Previewer:
                     verdict=verdict,
                 )
             )
-        return out | {"steps": steps}
+        return dataclasses.replace(out, steps=tuple(steps))
 
     async def plan_run(
         self, run: records.Run, steps: list[records.Step], labels: dict[str, str]
-    ) -> dict[str, Any]:
+    ) -> RunPlan:
         playbook = self.index.get(run.playbook)
         config = playbook.guards.apply(self.guards) if playbook else self.guards
         verdict = await self._verdict(config, run.node)
@@ -187,7 +227,7 @@ class Previewer:
                     verdict=verdict,
                 ) | {"status": step.status.value}
             previews.append(preview)
-        return {"run": run.id, "playbook": run.playbook, "node": run.node, "steps": previews}
+        return RunPlan(run.id, run.playbook, run.node, tuple(previews))
 
     async def preview_step(
         self,
@@ -300,14 +340,12 @@ def _repeat_note(episode: records.Episode, existing: list[records.Run]) -> str:
     )
 
 
-def _alert_plan(
-    alert: alerts.Alert, plans: list[dict[str, Any]], *, repeat: str = ""
-) -> dict[str, Any]:
+def _alert_plan(alert: alerts.Alert, plans: list[PlannedRun], *, repeat: str = "") -> AlertPlan:
     resolved = alert.status is alerts.AlertStatus.RESOLVED
-    return {
-        "alert": alerts.describe(alert),
-        "resolved": resolved,
-        "note": "a resolved alert starts nothing" if resolved else "",
-        "deduplicated": repeat,
-        "playbooks": plans,
-    }
+    return AlertPlan(
+        alert=alerts.describe(alert),
+        resolved=resolved,
+        note="a resolved alert starts nothing" if resolved else "",
+        deduplicated=repeat,
+        playbooks=tuple(plans),
+    )

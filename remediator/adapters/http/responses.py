@@ -21,7 +21,7 @@ from typing_extensions import TypedDict
 from remediator.adapters.db import audit as db_audit
 from remediator.adapters.db import queries
 from remediator.domain import audit
-from remediator.engine import operations
+from remediator.engine import operations, previewing
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -553,35 +553,35 @@ def plan_step(preview: Mapping[str, Any]) -> PlanStep:
     return {_PLAN_STEP_NAMES.get(key, key): value for key, value in preview.items()}  # type: ignore[return-value]
 
 
-def planned_run(found: Mapping[str, Any]) -> PlannedRun:
+def planned_run(found: previewing.PlannedRun) -> PlannedRun:
     return {
-        "playbook": found["playbook"],
-        "node": found["node"],
-        "gpu": found["gpu"],
-        "dryRun": found["dry_run"],
-        "onResolve": getattr(found["on_resolve"], "value", found["on_resolve"]),
-        "status": found["status"],
-        "reason": found["reason"],
-        "steps": [plan_step(s) for s in found.get("steps", [])],
+        "playbook": found.playbook,
+        "node": found.node,
+        "gpu": found.gpu,
+        "dryRun": found.dry_run,
+        "onResolve": found.on_resolve.value,
+        "status": found.status,
+        "reason": found.reason,
+        "steps": [plan_step(s) for s in found.steps],
     }
 
 
-def alert_plan(found: Mapping[str, Any]) -> AlertPlan:
+def alert_plan(found: previewing.AlertPlan) -> AlertPlan:
     return {
-        "alert": found["alert"],
-        "resolved": found["resolved"],
-        "note": found["note"],
-        "deduplicated": found["deduplicated"],
-        "playbooks": [planned_run(p) for p in found["playbooks"]],
+        "alert": found.alert,
+        "resolved": found.resolved,
+        "note": found.note,
+        "deduplicated": found.deduplicated,
+        "playbooks": [planned_run(p) for p in found.playbooks],
     }
 
 
-def run_plan(found: Mapping[str, Any]) -> RunPlan:
+def run_plan(found: previewing.RunPlan) -> RunPlan:
     return {
-        "run": found["run"],
-        "playbook": found["playbook"],
-        "node": found["node"],
-        "steps": [plan_step(s) for s in found["steps"]],
+        "run": found.run,
+        "playbook": found.playbook,
+        "node": found.node,
+        "steps": [plan_step(s) for s in found.steps],
     }
 
 

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from remediator.adapters.http import api, console, operating, outputs, responses, runbooks
 from remediator.domain import auth, errors
+from remediator.engine import previewing
 
 esc = console.esc
 ACTIVE = ("pending", "running", "waiting_approval")
@@ -140,7 +141,7 @@ def _flash(detail: dict[str, Any], request: web.Request, principal: auth.Princip
     )
 
 
-def _upcoming(plan: dict[str, Any] | None, detail: dict[str, Any]) -> str:
+def _upcoming(plan: previewing.RunPlan | None, detail: dict[str, Any]) -> str:
     if plan is None:
         if detail["status"] not in ACTIVE:
             return '<div id="next" data-live></div>'
@@ -149,7 +150,7 @@ def _upcoming(plan: dict[str, Any] | None, detail: dict[str, Any]) -> str:
             "in time.</p></div>"
         )
     parts = []
-    for step in plan.get("steps", []):
+    for step in plan.steps:
         if step.get("status") not in ("pending", "waiting_approval"):
             continue
         guard = step.get("guard")
@@ -254,7 +255,7 @@ def _events(detail: dict[str, Any]) -> str:
     )
 
 
-async def _plan(request: web.Request, run_id: int) -> dict[str, Any] | None:
+async def _plan(request: web.Request, run_id: int) -> previewing.RunPlan | None:
     with contextlib.suppress(TimeoutError, errors.RemediatorError):
         return await asyncio.wait_for(
             request.app[operating.OPERATIONS].plan_run(run_id), PLAN_TIMEOUT

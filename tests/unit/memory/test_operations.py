@@ -259,3 +259,21 @@ async def test_a_breaker_reset_answers_the_closed_breaker_with_who_and_why(make_
     assert seen == ["wake"]
     [reset] = [e for e in h.store.events() if e.kind == "breaker.reset"]
     assert (reset.actor, reset.reason, reset.from_status) == ("carol", "storm is over", "open")
+
+
+async def test_a_run_plan_previews_the_steps_still_to_run_and_an_unknown_run_has_none(
+    make_engine,
+):
+    h = make_engine(GATED)
+    ops, _ = operations_of(h)
+    run_id, _ = await _waiting(h)
+    plan = await ops.plan_run(run_id)
+    assert plan is not None
+    assert (plan.run, plan.playbook, plan.node) == (run_id, "gated", "gpu-node-03")
+    assert [(s["key"], s["status"]) for s in plan.steps] == [
+        ("note", "succeeded"),
+        ("drain", "waiting_approval"),
+    ]
+    assert "preview" in plan.steps[1]
+    assert "preview" not in plan.steps[0]
+    assert await ops.plan_run(run_id + 1) is None
