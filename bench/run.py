@@ -42,14 +42,15 @@ def plan_from(args: argparse.Namespace, workdir: pathlib.Path) -> stages.Plan:
         "duration": args.duration,
         "burst": args.burst,
         "fleet_nodes": args.fleet_nodes,
-        "postgres": None if args.no_postgres else args.postgres,
+        "postgres": args.postgres,
         "max_episodes": args.max_episodes,
         "sweep_concurrency": args.sweep_concurrency,
     }
-    return dataclasses.replace(plan, **{k: v for k, v in updates.items() if v is not None})
+    plan = dataclasses.replace(plan, **{k: v for k, v in updates.items() if v is not None})
+    return dataclasses.replace(plan, postgres=None) if args.no_postgres else plan
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="short smoke run (or BENCH_QUICK=1)")
     parser.add_argument("--duration", type=float, help="seconds per sustained phase (30; quick 3)")
@@ -64,35 +65,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help=f"comma-separated stages of {', '.join(STAGES)}")
     parser.add_argument("--output", type=pathlib.Path, help="also write the table to this file")
     args = parser.parse_args(argv)
-    chosen = [s for s in args.only.split(",") if s] or list(STAGES)
-    unknown = set(chosen) - set(STAGES)
+    unknown = {s for s in args.only.split(",") if s} - set(STAGES)
     if unknown:
         parser.error(f"unknown stages: {', '.join(sorted(unknown))}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    chosen = [s for s in args.only.split(",") if s] or list(STAGES)
     # SIGTERM unwinds like Ctrl-C: every stage's ``finally`` stops its processes.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows: list[table.Row] = []
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="remediator-bench-") as tmp:
         plan = plan_from(args, pathlib.Path(tmp))
-        for name in chosen:
-            print(f"bench: {name} ...", file=sys.stderr, flush=True)
-            began = time.monotonic()
-            try:
-                rows += STAGES[name](plan)
-            except Exception as e:  # one failed stage must not lose the others' numbers
-                traceback.print_exc(file=sys.stderr)
-                rows.append(table.Row(name, "-", "failed", note=f"{type(e).__name__}: {e}"[:200]))
-            print(f"bench: {name} took {time.monotonic() - began:.0f} s", file=sys.stderr)
+        try:
+            for name in chosen:
+                rows += _stage(name, plan)
+        finally:  # an interrupted run still shows what it measured
+            _report(rows, plan, started, args.output)
+    return 0
+
+
+def _stage(name: str, plan: stages.Plan) -> list[table.Row]:
+    print(f"bench: {name} ...", file=sys.stderr, flush=True)
+    began = time.monotonic()
+    try:
+        return STAGES[name](plan)
+    except Exception as e:  # one failed stage must not lose the others' numbers
+        traceback.print_exc(file=sys.stderr)
+        return [table.Row(name, "-", "failed", note=f"{type(e).__name__}: {e}"[:200])]
+    finally:
+        print(f"bench: {name} took {time.monotonic() - began:.0f} s", file=sys.stderr)
+
+
+def _report(
+    rows: list[table.Row], plan: stages.Plan, started: float, output: pathlib.Path | None
+) -> None:
     title = (
         f"remediator bench ({'quick' if plan.quick else 'full'}, {plan.duration:g} s phases), "
         f"{procs.cpus()} CPUs, {platform.machine()}, Python {platform.python_version()}, "
         f"{time.monotonic() - started:.0f} s"
     )
     text = table.render(rows, title=title)
-    print(text)
-    if args.output:
-        args.output.write_text(text + "\n", encoding="utf-8")
-    return 0
+    print(text, flush=True)
+    if output:
+        output.write_text(text + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -62,3 +62,16 @@ def test_benchmark_alert_is_the_real_xid_delivery_moved_to_the_node():
     assert alert.labels["alertname"] == "GPUXidError79"
     assert alert.fingerprint == f"{42:016x}"
     assert json.loads(body)["groupLabels"]["node"] == "gpu-node-0042"
+
+
+def test_no_postgres_leaves_only_sqlite_and_quick_caps_the_sizes(tmp_path, monkeypatch):
+    from bench import run
+
+    monkeypatch.delenv("BENCH_QUICK", raising=False)
+    args = run.parse_arguments(["--quick", "--no-postgres", "--burst", "50"])
+    plan = run.plan_from(args, tmp_path)
+    assert plan.postgres is None
+    assert list(plan.backends()) == ["sqlite"]
+    assert plan.quick
+    assert plan.burst == 50
+    assert max(plan.episode_counts) <= 10**4
