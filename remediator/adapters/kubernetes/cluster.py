@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import re
 import uuid
 from collections.abc import Mapping
@@ -122,6 +123,24 @@ class KubeCluster:
 
     # ---- pods -------------------------------------------------------------------------
 
+    async def _raw_json(self, fn: Any, **kwargs: Any) -> dict[str, Any]:
+        """``fn``'s answer as plain JSON, never turned into the client's model objects: a list
+        of a thousand nodes cost seconds of CPU as models (and again turned back into dicts),
+        blocking the event loop. A non-2xx answer raises the client's ``ApiException``, as a
+        call that builds models would."""
+        response = await fn(_request_timeout=self._timeout, _preload_content=False, **kwargs)
+        try:
+            data = await response.read()
+        finally:
+            response.release()
+        if not 200 <= response.status <= 299:
+            error = client.ApiException(status=response.status, reason=response.reason)
+            error.body = data.decode("utf-8", "replace")
+            error.headers = response.headers
+            raise error
+        found = json.loads(data)
+        return found if isinstance(found, dict) else {}
+
     async def _list(self, what: str, fn: Any, **kwargs: Any) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         token: str | None = None
@@ -130,10 +149,10 @@ class KubeCluster:
             if token:
                 page_kwargs["_continue"] = token
 
-            async def fetch(page_kwargs: dict[str, Any] = page_kwargs) -> Any:
-                return await fn(_request_timeout=self._timeout, **page_kwargs)
+            async def fetch(page_kwargs: dict[str, Any] = page_kwargs) -> dict[str, Any]:
+                return await self._raw_json(fn, **page_kwargs)
 
-            page = self._plain(await self._retrier.call(what, fetch))
+            page = await self._retrier.call(what, fetch)
             items.extend(page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
             if not token:

@@ -6,6 +6,7 @@ import logging
 
 import aiohttp
 import pytest
+from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client import exceptions as k8s_exceptions
 
 from remediator.actions import pods
@@ -93,3 +94,23 @@ async def test_connection_failures_and_5xx_are_temporary_and_other_answers_are_n
     unbuildable = k8s_exceptions.ApiException(status=0, reason="Cannot prepare a request")
     assert not transport.is_transient(unbuildable)
     assert transport.translate(unbuildable, "get node").temporary is False
+
+
+async def test_lists_are_read_as_plain_json_never_as_the_clients_models(
+    sim: testing.RunningSim, cluster: port.Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building the client's model objects for a list of a thousand nodes, and turning them
+    back into dicts, cost seconds of CPU on the event loop: lists read the JSON as it is."""
+
+    def no_models(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a list was deserialized into model objects")
+
+    monkeypatch.setattr(ApiClient, "deserialize", no_models)
+    nodes = await cluster.list_nodes(cluster.gpu_node_selector)
+    assert "gpu-node-01" in [node.name for node in nodes]
+    pods = await cluster.list_pods(field_selector="spec.nodeName=gpu-node-01")
+    assert pods and all(pod.node_name == "gpu-node-01" for pod in pods)
+    await set_faults(sim, {"rules": [{"path_prefix": "/api/v1/nodes", "rate_503": 1.0}]})
+    with pytest.raises(port.Unavailable) as info:
+        await cluster.list_nodes()
+    assert (info.value.status, info.value.temporary) == (503, True)
