@@ -109,7 +109,8 @@ async def test_lists_are_read_as_plain_json_never_as_the_clients_models(
     nodes = await cluster.list_nodes(cluster.gpu_node_selector)
     assert "gpu-node-01" in [node.name for node in nodes]
     pods = await cluster.list_pods(field_selector="spec.nodeName=gpu-node-01")
-    assert pods and all(pod.node_name == "gpu-node-01" for pod in pods)
+    assert pods
+    assert all(pod.node_name == "gpu-node-01" for pod in pods)
     await set_faults(sim, {"rules": [{"path_prefix": "/api/v1/nodes", "rate_503": 1.0}]})
     with pytest.raises(port.Unavailable) as info:
         await cluster.list_nodes()
