@@ -13,8 +13,8 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from remediator.adapters.http import runbooks
 from remediator.domain import alerts
+from remediator.engine import operations
 from remediator.sim import testing
 from tests.integration.operators.conftest import TOKENS, write_tokens
 from tests.support.alerts import alert_body
@@ -153,7 +153,7 @@ async def test_a_run_the_database_refuses_gets_400_not_503(make_harness, monkeyp
     h = await make_harness(BY_HAND)
     if not h.components.db.is_postgres:
         pytest.skip("SQLite stores strings of any length")
-    monkeypatch.setattr(runbooks, "NODE_NAME", r"[a-z]+")
+    monkeypatch.setattr(operations, "NODE_NAME", r"[a-z]+")
     url = "/api/v1/runbooks/by-hand/runs"
     response = await h.client.post(url, json={"params": {"node": "n" * 300}})
     assert response.status == 400, await response.text()
