@@ -60,18 +60,14 @@ class KubeCluster:
     def is_gpu_node(self, node: port.NodeInfo) -> bool:
         return port.selector_matches(self.settings.gpu_node_selector, node.labels)
 
-    def _plain(self, obj: Any) -> dict[str, Any]:
-        data = self._api.sanitize_for_serialization(obj)
-        return data if isinstance(data, dict) else {}
-
     # ---- nodes ------------------------------------------------------------------------
 
     async def get_node(self, name: str) -> port.NodeInfo:
         obj = await self._retrier.call(
             f"get node {name}",
-            lambda: self._core.read_node(name, _request_timeout=self._timeout),
+            lambda: self._raw_json(self._core.read_node, name),
         )
-        return convert.node(self._plain(obj))
+        return convert.node(obj)
 
     async def list_nodes(self, label_selector: str = "") -> list[port.NodeInfo]:
         items = await self._list("list nodes", self._core.list_node, label_selector=label_selector)
@@ -102,9 +98,9 @@ class KubeCluster:
             extra["_content_type"] = MERGE_PATCH
         obj = await self._retrier.call(
             f"patch node {name}",
-            lambda: self._core.patch_node(name, body, _request_timeout=self._timeout, **extra),
+            lambda: self._raw_json(self._core.patch_node, name, body, **extra),
         )
-        return convert.node(self._plain(obj))
+        return convert.node(obj)
 
     async def replace_node_taints(
         self, name: str, taints: list[port.Taint], *, resource_version: str
@@ -115,20 +111,18 @@ class KubeCluster:
         }
         obj = await self._retrier.call(
             f"replace taints of node {name}",
-            lambda: self._core.patch_node(
-                name, body, _content_type=MERGE_PATCH, _request_timeout=self._timeout
-            ),
+            lambda: self._raw_json(self._core.patch_node, name, body, _content_type=MERGE_PATCH),
         )
-        return convert.node(self._plain(obj))
+        return convert.node(obj)
 
     # ---- pods -------------------------------------------------------------------------
 
-    async def _raw_json(self, fn: Any, **kwargs: Any) -> dict[str, Any]:
+    async def _raw_json(self, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """``fn``'s answer as plain JSON, never turned into the client's model objects: a list
         of a thousand nodes cost seconds of CPU as models (and again turned back into dicts),
         blocking the event loop. A non-2xx answer raises the client's ``ApiException``, as a
         call that builds models would."""
-        response = await fn(_request_timeout=self._timeout, _preload_content=False, **kwargs)
+        response = await fn(*args, _request_timeout=self._timeout, _preload_content=False, **kwargs)
         try:
             data = await response.read()
         finally:
@@ -184,16 +178,16 @@ class KubeCluster:
     async def get_pod(self, namespace: str, name: str) -> port.PodInfo:
         obj = await self._retrier.call(
             f"get pod {namespace}/{name}",
-            lambda: self._core.read_namespaced_pod(name, namespace, _request_timeout=self._timeout),
+            lambda: self._raw_json(self._core.read_namespaced_pod, name, namespace),
         )
-        return convert.pod(self._plain(obj))
+        return convert.pod(obj)
 
     async def get_namespace(self, name: str) -> port.NamespaceInfo:
         obj = await self._retrier.call(
             f"get namespace {name}",
-            lambda: self._core.read_namespace(name, _request_timeout=self._timeout),
+            lambda: self._raw_json(self._core.read_namespace, name),
         )
-        return convert.namespace(self._plain(obj))
+        return convert.namespace(obj)
 
     async def evict_pod(
         self, namespace: str, name: str, *, grace_period_seconds: int | None = None
@@ -240,24 +234,22 @@ class KubeCluster:
         body = {"metadata": {"annotations": dict(annotations)}}
         obj = await self._retrier.call(
             f"annotate pod {namespace}/{name}",
-            lambda: self._core.patch_namespaced_pod(
-                name, namespace, body, _content_type=MERGE_PATCH, _request_timeout=self._timeout
+            lambda: self._raw_json(
+                self._core.patch_namespaced_pod, name, namespace, body, _content_type=MERGE_PATCH
             ),
         )
-        return convert.pod(self._plain(obj))
+        return convert.pod(obj)
 
     async def create_pod(self, namespace: str, manifest: Mapping[str, Any]) -> port.PodInfo:
         name = str(manifest["metadata"]["name"])
         try:
             obj = await self._retrier.call(
                 f"create pod {namespace}/{name}",
-                lambda: self._core.create_namespaced_pod(
-                    namespace, dict(manifest), _request_timeout=self._timeout
-                ),
+                lambda: self._raw_json(self._core.create_namespaced_pod, namespace, dict(manifest)),
             )
         except port.Conflict:  # already there: a retried create that had landed
             return await self.get_pod(namespace, name)
-        return convert.pod(self._plain(obj))
+        return convert.pod(obj)
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         with contextlib.suppress(port.NotFound):

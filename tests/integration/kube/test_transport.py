@@ -96,18 +96,25 @@ async def test_connection_failures_and_5xx_are_temporary_and_other_answers_are_n
     assert transport.translate(unbuildable, "get node").temporary is False
 
 
-async def test_lists_are_read_as_plain_json_never_as_the_clients_models(
+async def test_answers_are_read_as_plain_json_never_as_the_clients_models(
     sim: testing.RunningSim, cluster: port.Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Building the client's model objects for a list of a thousand nodes, and turning them
-    back into dicts, cost seconds of CPU on the event loop: lists read the JSON as it is."""
+    """Building the client's model objects (dates parsed, every field typed) and turning them
+    back into dicts cost seconds of CPU on the event loop for a list of a thousand nodes, and a
+    tenth of the engine's CPU on single reads and patches: answers are read as JSON."""
 
     def no_models(*args: object, **kwargs: object) -> None:
-        raise AssertionError("a list was deserialized into model objects")
+        raise AssertionError("an answer was deserialized into model objects")
 
     monkeypatch.setattr(ApiClient, "deserialize", no_models)
     nodes = await cluster.list_nodes(cluster.gpu_node_selector)
     assert "gpu-node-01" in [node.name for node in nodes]
+    patched = await cluster.patch_node("gpu-node-01", labels={"checked": "yes"})
+    assert (
+        (await cluster.get_node("gpu-node-01")).labels["checked"]
+        == "yes"
+        == patched.labels["checked"]
+    )
     pods = await cluster.list_pods(field_selector="spec.nodeName=gpu-node-01")
     assert pods
     assert all(pod.node_name == "gpu-node-01" for pod in pods)
