@@ -21,6 +21,18 @@ from tests.conftest import ROOT
 pytestmark = [pytest.mark.e2e, pytest.mark.serial, pytest.mark.timeout(110)]
 
 
+def _start_demo(argv: list[str]) -> subprocess.Popen[str]:
+    """``remediator <argv>`` with its output in one text pipe and no standard input."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "remediator", *argv],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def _listening(url: str) -> bool:
     host, port = url.split("://", 1)[1].rsplit(":", 1)
     with socket.socket() as sock:
@@ -198,14 +210,7 @@ def test_an_interactive_demo_waits_for_the_operator_as_long_as_they_like(
     timeout. The second drain is approved at once."""
     assert approval_delay > ACT_TIMEOUT
     argv = ["demo", "--interactive", "--color", "never", "--act-timeout", str(ACT_TIMEOUT)]
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "remediator", *argv],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    demo = _start_demo(argv)
     out: list[str] = []
     approvals: list[subprocess.CompletedProcess[str]] = []
     waited = []
@@ -246,14 +251,7 @@ def test_an_interactive_demo_waits_for_the_operator_as_long_as_they_like(
 @pytest.mark.timeout(60)
 def test_keep_running_keeps_everything_up_after_a_failed_scenario_until_ctrl_c() -> None:
     argv = ["demo", "--keep-running", "--color", "never", "--act-timeout", "0.1"]
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "remediator", *argv],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    demo = _start_demo(argv)
     out: list[str] = []
     try:
         assert demo.stdout is not None
