@@ -102,8 +102,7 @@ def test_sim_without_tls_writes_a_kubeconfig_outside_the_working_tree_that_kubec
     import shutil
 
     kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("no kubectl")
+    assert kubectl, "no kubectl: install Debian's kubernetes-client (make system-deps)"
     sim = subprocess.Popen(
         [sys.executable, "-m", "remediator", "sim", "--no-tls", "--listen", "127.0.0.1:0"],
         cwd=tmp_path,
