@@ -1,0 +1,285 @@
+"""Two replicas on one Postgres, each with its own thread, event loop and connection pool, keep
+the engine's lock design honest: their ordinary engine transactions (claims, transitions,
+audit events) hold their locks side by side and meet only to link their events into the
+chain, while their fleet guard decisions happen one after the other, so the disruption
+budget admits exactly as many nodes as it allows.
+
+Only Postgres locks rows (SQLite has one writer at a time), so these run on Postgres only.
+A replica's transaction is synchronous code run on its own event loop's thread: blocking
+inside it (to hold the transaction open) stalls that replica alone, never the other one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from remediator.adapters.db import audit as db_audit
+from remediator.adapters.db import database, migrate, tables
+from remediator.adapters.db import store as sql_store
+from remediator.domain import guards, playbooks, records, runs, transitions
+from remediator.engine import guarding, lifecycle
+from tests.conftest import FakeClock
+
+pytestmark = pytest.mark.postgres
+
+WAIT = 5.0  # the longest any replica waits for another: a wrong design fails, never hangs
+HOLD = 0.7  # how long replica A keeps its decided transaction open before committing
+LEASE_SECONDS = 30.0
+DISRUPTIVE = frozenset({"cordon"})
+
+
+class Replica(threading.Thread):
+    """One engine replica running one write transaction of ``work`` on the shared database,
+    after ``start_after`` (if given) is set."""
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        clock: FakeClock,
+        work: Callable[[sql_store.SqlTx], Any],
+        *,
+        start_after: threading.Event | None = None,
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.url = url
+        self.clock = clock
+        self.work = work
+        self.start_after = start_after
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.committed = threading.Event()
+
+    def run(self) -> None:
+        try:
+            if self.start_after is not None and not self.start_after.wait(WAIT):
+                raise TimeoutError(f"{self.name} was never told to start")
+            self.result = asyncio.run(self._transaction())
+        except BaseException as error:  # reported by finish() in the test's thread
+            self.error = error
+
+    async def _transaction(self) -> Any:
+        db = database.Database(self.url)
+        try:
+            result = await sql_store.SqlStore(db, clock=self.clock).run(self.name, self.work)
+            self.committed.set()
+            return result
+        finally:
+            await db.dispose()
+
+    def finish(self) -> Any:
+        self.join(WAIT * 2)
+        assert not self.is_alive(), f"{self.name} never finished its transaction"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def new_run(node: str, action: str) -> records.NewRun:
+    return records.NewRun(
+        playbook="replica-test",
+        kind=runs.RunKind.MANUAL,
+        episode_id=None,
+        node=node,
+        gpu=None,
+        principal="oncall",
+        reason="test",
+        steps=(
+            records.NewStep(seq=0, key=action, phase=runs.StepPhase.DO, action=action, params={}),
+        ),
+    )
+
+
+async def prepare(
+    url: str, clock: FakeClock, *, due: list[str], pending: list[str], action: str
+) -> None:
+    """Migrate the database; create a running run with a due step on each ``due`` node and a
+    pending run on each ``pending`` node."""
+    db = database.Database(url)
+    try:
+        await migrate.upgrade(db)
+
+        def work(tx: sql_store.SqlTx) -> None:
+            for node in due:
+                run_id = tx.insert_run(new_run(node, action), actor="oncall")
+                assert run_id is not None
+                run = tx.get_run(run_id)
+                assert run is not None
+                tx.apply(transitions.move_run(run, runs.RunStatus.RUNNING, reason="started"))
+                tx.apply(transitions.make_due(tx.steps_of_run(run_id)[0], now=tx.now))
+            for node in pending:
+                tx.insert_run(new_run(node, action), actor="oncall")
+
+        await sql_store.SqlStore(db, clock=clock).run("prepare", work)
+    finally:
+        await db.dispose()
+
+
+@dataclasses.dataclass
+class Stored:
+    runs: dict[int, records.Run]
+    steps: dict[int, records.Step]
+    event_ids: list[int]
+    events: list[dict[str, Any]]
+    disruptions: list[dict[str, Any]]
+    chain: db_audit.ChainReport
+
+
+async def stored(url: str) -> Stored:
+    db = database.Database(url)
+    try:
+        async with db.read() as conn:
+
+            async def rows(table: sa.Table) -> list[Any]:
+                return list(await conn.execute(sa.select(table).order_by(table.c.id)))
+
+            all_runs = [sql_store.run_from_row(row) for row in await rows(tables.runs)]
+            all_steps = [sql_store.step_from_row(row) for row in await rows(tables.steps)]
+            events = [dict(row._mapping) for row in await rows(tables.audit_events)]
+            disruptions = [dict(row._mapping) for row in await rows(tables.disruptions)]
+        chain = await db_audit.AuditQueries(db).verify()
+        return Stored(
+            runs={run.id: run for run in all_runs},
+            steps={step.id: step for step in all_steps},
+            event_ids=[event["id"] for event in events],
+            events=events,
+            disruptions=disruptions,
+            chain=chain,
+        )
+    finally:
+        await db.dispose()
+
+
+def claim_event_ids(state: Stored, step_id: int) -> list[int]:
+    return [
+        event["id"]
+        for event in state.events
+        if event["step_id"] == step_id and event["to_status"] == runs.StepStatus.RUNNING.value
+    ]
+
+
+def gate(config: guards.GuardConfig) -> guarding.Gate:
+    return guarding.Gate(
+        base=config, index=playbooks.PlaybookIndex([]), disruptive_actions=DISRUPTIVE, fleet=None
+    )
+
+
+def claim_and_start(tx: sql_store.SqlTx, owner: str) -> tuple[records.Step, records.Run]:
+    """A replica's engine pass, in miniature: claim a due step (past the gate) and start a
+    pending run; each appends its audit event."""
+    (step,) = tx.lock_due_steps(1)
+    assert gate(guards.GuardConfig()).admit(tx, step)
+    until = lifecycle.lease_until(tx.now, LEASE_SECONDS)
+    claimed = lifecycle.claim_step(tx, step, owner=owner, lease_until=until)
+    (pending,) = tx.lock_pending_runs(1)
+    started = tx.apply(transitions.move_run(pending, runs.RunStatus.RUNNING, reason="started"))
+    return claimed, started
+
+
+def test_two_replicas_engine_transactions_hold_their_locks_concurrently(pg_url, clock):
+    """Replica A claims a step and starts a run, then keeps its transaction open; replica B
+    does the same on other rows and commits meanwhile. Locking the chain head (or any row
+    both share) before the end of a transaction would make B wait for A."""
+    asyncio.run(
+        prepare(pg_url, clock, due=["gpu-a1", "gpu-b1"], pending=["gpu-a2", "gpu-b2"], action="log")
+    )
+    a_open, release = threading.Event(), threading.Event()
+
+    def a_work(tx: sql_store.SqlTx) -> tuple[records.Step, records.Run]:
+        done = claim_and_start(tx, "replica-a")
+        a_open.set()
+        release.wait(WAIT)  # the transaction stays open, its rows locked, its events pending
+        return done
+
+    a = Replica("replica-a", pg_url, clock, a_work)
+    b = Replica(
+        "replica-b", pg_url, clock, lambda tx: claim_and_start(tx, "replica-b"), start_after=a_open
+    )
+    a.start()
+    b.start()
+    try:
+        assert a_open.wait(WAIT), "replica A never did its work"
+        b_committed_while_a_open = b.committed.wait(WAIT) and not a.committed.is_set()
+    finally:
+        release.set()
+        a_claimed, a_started = a.finish()
+        b_claimed, b_started = b.finish()
+    assert b_committed_while_a_open, "replica B's transaction waited for replica A's to end"
+
+    state = asyncio.run(stored(pg_url))
+    assert {a_claimed.id, b_claimed.id} == {
+        step.id for step in state.steps.values() if step.status is runs.StepStatus.RUNNING
+    }
+    assert state.steps[a_claimed.id].lease_owner == "replica-a"
+    assert state.steps[b_claimed.id].lease_owner == "replica-b"
+    assert a_started.id != b_started.id
+    assert all(run.status is runs.RunStatus.RUNNING for run in state.runs.values())
+    # B linked its events while A was open; A's followed, continuing the chain B left.
+    (b_event,), (a_event,) = (
+        claim_event_ids(state, b_claimed.id),
+        claim_event_ids(state, a_claimed.id),
+    )
+    assert b_event < a_event
+    assert state.chain.ok, state.chain.reason
+    assert state.chain.checked == len(state.event_ids)
+    assert state.event_ids == list(range(1, len(state.event_ids) + 1))
+
+
+def test_the_budget_guard_admits_exactly_its_budget_under_concurrent_replicas(pg_url, clock):
+    """Replica A admits as many disruptive steps as the budget allows and stays open a moment;
+    replica B decides on the others meanwhile. The guards lock, held until A commits, makes B
+    count A's disruptions and hold its steps; without it B counts none and admits them too."""
+    budget = 2
+    nodes = [f"gpu-{n}" for n in range(2 * budget)]
+    asyncio.run(prepare(pg_url, clock, due=nodes, pending=[], action="cordon"))
+    config = guards.GuardConfig(max_nodes=budget, max_percent=100)
+    a_decided = threading.Event()
+
+    def a_work(tx: sql_store.SqlTx) -> list[records.Step]:
+        admitted = admit_and_claim(tx, "replica-a", budget)
+        a_decided.set()
+        time.sleep(HOLD)  # decided, disruptions recorded, not yet committed
+        return admitted
+
+    def admit_and_claim(tx: sql_store.SqlTx, owner: str, room: int) -> list[records.Step]:
+        decider = gate(config)
+        until = lifecycle.lease_until(tx.now, LEASE_SECONDS)
+        return [
+            lifecycle.claim_step(tx, step, owner=owner, lease_until=until)
+            for step in tx.lock_due_steps(room)
+            if decider.admit(tx, step, report=lifecycle.Report())
+        ]
+
+    a = Replica("replica-a", pg_url, clock, a_work)
+    b = Replica(
+        "replica-b",
+        pg_url,
+        clock,
+        lambda tx: admit_and_claim(tx, "replica-b", len(nodes)),
+        start_after=a_decided,
+    )
+    a.start()
+    b.start()
+    a_admitted, b_admitted = a.finish(), b.finish()
+
+    state = asyncio.run(stored(pg_url))
+    disrupted = sorted(row["node"] for row in state.disruptions if row["released_at"] is None)
+    assert len(disrupted) == budget, f"disrupted {disrupted} with a budget of {budget}"
+    claimed = [step for step in state.steps.values() if step.status is runs.StepStatus.RUNNING]
+    assert {step.id for step in claimed} == {step.id for step in a_admitted + b_admitted}
+    assert sorted(state.runs[step.run_id].node for step in claimed) == disrupted
+    held = [step for step in state.steps.values() if step.status is runs.StepStatus.PENDING]
+    assert len(held) == len(nodes) - budget
+    for step in held:
+        assert step.output["held_kind"] == "budget"
+        assert "budget" in step.output["held"]
+    assert state.chain.ok, state.chain.reason
+    assert state.event_ids == list(range(1, len(state.event_ids) + 1))
