@@ -111,6 +111,31 @@ class _Outcome:
     done: asyncio.Future[lifecycle.Report | None]
 
 
+@dataclasses.dataclass(frozen=True)
+class Claimed:
+    """A step just claimed and what it acts on, read in the transaction that claimed it."""
+
+    step: records.Step
+    run: records.Run
+    episode: records.Episode | None
+    applied_output: dict[str, Any]
+
+
+def load_claimed(tx: store.Tx, step: records.Step) -> Claimed:
+    """``step``'s run, its alert and the output its undo (or a retry) starts from."""
+    run = tx.get_run(step.run_id)
+    assert run is not None
+    episode = tx.get_episode(run.episode_id) if run.episode_id else None
+    if step.undo_of is None:
+        return Claimed(step, run, episode, kept_output(step))
+    original = tx.get_step(step.undo_of)
+    return Claimed(step, run, episode, dict(original.output) if original else {})
+
+
+def _load_claimed(step: records.Step, tx: store.Tx) -> Claimed:
+    return load_claimed(tx, step)
+
+
 class _Recorder:
     """Records finished steps' outcomes with group commit: outcomes that arrive while one
     transaction records earlier ones go together into the next, each in a savepoint of its
@@ -194,13 +219,14 @@ class StepRunner:
         self.on_report: Callable[[lifecycle.Report], Awaitable[None]] | None = None
         self._recorder = _Recorder(services, owner=owner)
 
-    async def run(self, step: records.Step) -> None:
+    async def run(self, step: records.Step, claimed: Claimed | None = None) -> None:
+        """Run a claimed step; ``claimed`` is what the claim read for it (else read here)."""
         started = time.perf_counter()
         progress: dict[str, Any] = {}
         lost = asyncio.Event()
         heartbeat = asyncio.create_task(self._heartbeat(step, progress, lost))
         try:
-            work = asyncio.create_task(self._execute(step, progress))
+            work = asyncio.create_task(self._execute(step, progress, claimed))
             lost_wait = asyncio.create_task(lost.wait())
             done, _ = await asyncio.wait({work, lost_wait}, return_when=asyncio.FIRST_COMPLETED)
             if work not in done:
@@ -245,20 +271,11 @@ class StepRunner:
         return tx.update_step_output(step_id, self.owner, progress, until)
 
     async def _context(
-        self, step: records.Step, progress: dict[str, Any]
+        self, step: records.Step, progress: dict[str, Any], claimed: Claimed | None
     ) -> tuple[records.Run, actions.ActionContext, bool]:
-        def load(
-            tx: store.Tx,
-        ) -> tuple[records.Run, records.Episode | None, dict[str, Any]]:
-            run = tx.get_run(step.run_id)
-            assert run is not None
-            episode = tx.get_episode(run.episode_id) if run.episode_id else None
-            if step.undo_of is None:
-                return run, episode, kept_output(step)
-            original = tx.get_step(step.undo_of)
-            return run, episode, dict(original.output) if original else {}
-
-        run, episode, applied = await self.services.store.read("load", load)
+        if claimed is None or claimed.step.id != step.id:
+            claimed = await self.services.store.read("load", functools.partial(_load_claimed, step))
+        run, episode, applied = claimed.run, claimed.episode, claimed.applied_output
 
         async def report(update: dict[str, Any]) -> None:
             progress.clear()
@@ -274,8 +291,10 @@ class StepRunner:
         )
         return run, ctx, resolved
 
-    async def _execute(self, step: records.Step, progress: dict[str, Any]) -> _Result:
-        run, ctx, resolved = await self._context(step, progress)
+    async def _execute(
+        self, step: records.Step, progress: dict[str, Any], claimed: Claimed | None
+    ) -> _Result:
+        run, ctx, resolved = await self._context(step, progress, claimed)
         if (
             resolved
             and step.phase is runs.StepPhase.DO

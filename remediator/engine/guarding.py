@@ -2,7 +2,10 @@
 
 A disruptive step of a live run passes the gate only if the guards allow it; then the node is
 recorded as disrupted in the same transaction, so two replicas cannot both take the last unit
-of budget (on Postgres every engine transaction is serialised by the audit chain head lock). A
+of budget: every such decision first takes the guards lock (``Tx.lock_guards``, one narrow row
+on Postgres, held to commit), counts, and adds its node before anyone else counts. Nothing
+else takes that lock, so engine work that admits no disruptive step (episodes, starts,
+advances, claims of other steps, outcomes) runs side by side across replicas. A
 held step stays pending with a later due time and its reason in its output; a new reason is
 reported once, so on-call hears which guard holds it.
 
@@ -13,6 +16,7 @@ the label changing; a held step is rechecked every ``recheck``.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 from collections.abc import Callable
@@ -50,16 +54,24 @@ class Gate:
     disruptive_actions: frozenset[str]
     fleet: dict[str, dict[str, str]] | None  # GPU node name → labels; None when unknown
     tripped: list[str] = dataclasses.field(default_factory=list)
+    # Pool sizes per pool label, counted once per gate (a decision is O(1), not O(fleet)).
+    _pools: dict[str, collections.Counter[str | None]] = dataclasses.field(
+        default_factory=dict, repr=False
+    )
 
     def scope(self, config: guards.GuardConfig, node: str | None) -> tuple[str | None, int | None]:
         """The node's pool (when the budget is per pool) and how many GPU nodes it holds."""
         if self.fleet is None:
             return None, None
-        if config.pool_label is None or node is None:
+        label = config.pool_label
+        if label is None or node is None:
             return None, len(self.fleet)
-        pool = self.fleet.get(node, {}).get(config.pool_label)
-        members = [n for n, labels in self.fleet.items() if labels.get(config.pool_label) == pool]
-        return pool, len(members)
+        sizes = self._pools.get(label)
+        if sizes is None:
+            sizes = collections.Counter(labels.get(label) for labels in self.fleet.values())
+            self._pools[label] = sizes
+        pool = self.fleet.get(node, {}).get(label)
+        return pool, sizes[pool]
 
     def labels(self, node: str | None) -> dict[str, str] | None:
         """The node's labels as last listed (a driver upgrade in progress holds it)."""

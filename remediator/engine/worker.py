@@ -1,6 +1,6 @@
 """The engine loop: handle new episodes, start and advance runs, claim and run steps, sweep.
 
-Each pass is a few short transactions. Several replicas can run it against one Postgres: every
+Each pass is a probe and one transaction. Several replicas can run it against one Postgres: every
 piece of work is either claimed (``FOR UPDATE SKIP LOCKED``, step leases) or guarded by a
 unique key, so two replicas never create the same run or run the same step. Intake wakes the
 loop in-process; other replicas notice new work at the next poll.
@@ -48,7 +48,10 @@ class RulesSource(Protocol):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineSettings:
     poll_interval: float = 1.0
-    min_pass_interval: float = 0.02
+    min_pass_interval: float = 0.0
+    """A pause after each pass before the next. None by default: a pass starts as soon as it
+    is woken, and what arrives while one runs is gathered by the next (a busy engine batches
+    by itself); a fixed pause only added its length to every alert's reaction."""
     lease_seconds: float = 30.0
     max_concurrent_steps: int = 16
     batch: int = 50
@@ -63,6 +66,19 @@ class EngineSettings:
     """Seconds the cluster's answers about node candidates are reused."""
     targeting_wait: dt.timedelta = dt.timedelta(minutes=2)
     """How long an episode waits for a cluster that cannot say which node it is about."""
+
+
+@dataclasses.dataclass
+class _Pass:
+    """What a pass (or one of its stages) did, acted on once its transaction committed."""
+
+    report: lifecycle.Report = dataclasses.field(default_factory=lifecycle.Report)
+    now: dt.datetime | None = None
+    planned: bool = False
+    started: bool = False
+    advanced: bool = False
+    claimed: list[executor.Claimed] = dataclasses.field(default_factory=list)
+    tripped: list[str] = dataclasses.field(default_factory=list)
 
 
 class Engine:
@@ -120,61 +136,90 @@ class Engine:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
             self._wake.clear()
-            # Gather what arrives meanwhile into the next pass instead of one pass per delivery.
             await asyncio.sleep(self.settings.min_pass_interval)
 
     async def tick(self) -> bool:
         """One pass over the kinds of work that exist. Returns whether anything happened.
 
         A read-only probe comes first, so an idle pass takes no write lock (on SQLite the
-        webhook's commits would otherwise queue behind empty engine transactions).
+        webhook's commits would otherwise queue behind empty engine transactions). Then the
+        cluster is asked what it must be asked (which node each new episode is about, the GPU
+        node list the guards count), and everything else happens in ONE transaction: each
+        kind of work feeds the next, so a new episode's run is created, started, given its
+        first due step and has it claimed, with the step's context loaded, by one commit.
         """
         work = await self.services.store.probe()
-        planned = work.episodes and await self.handle_episodes()
         swept = work.expired and self.is_leader() and await self.sweep()
-        # Each kind of work feeds the next within the same pass: a new episode's run starts,
-        # gets its first step and has it claimed now, not one poll interval per stage later.
-        started = (work.startable or planned) and await self.start_runs()
-        advanced = (work.advance or started) and await self.advance_runs()
-        claimed = (work.due or advanced) and await self.claim_steps()
+        busy = bool(swept)
+        if work.episodes or work.startable or work.advance or work.due:
+            index = self.rules.index
+            targets = await self._targets(index) if work.episodes else None
+            room = self._room()
+            gate = await self._gate(index) if room > 0 else None
+            done = _Pass()
+
+            def one_pass(tx: store.Tx) -> None:
+                done.now = tx.now
+                done.planned = bool(work.episodes) and self._plan(tx, index, targets, done)
+                if done.planned and tx.should_yield():
+                    return  # the webhook waits: the rest follows in the next pass
+                started = (work.startable or done.planned) and self._start(tx, index, done)
+                done.started = bool(started)
+                if done.started and tx.should_yield():
+                    return
+                done.advanced = bool(work.advance or started) and self._advance(tx, done)
+                if gate is not None and (work.due or done.advanced) and not tx.should_yield():
+                    self._claim(tx, gate, room, done)
+
+            await self.services.store.run("pass", one_pass)
+            await self._after(done)
+            busy |= done.planned or done.started or done.advanced or bool(done.claimed)
         await self._expire_silences()
-        return bool(planned or swept or started or advanced or claimed)
+        return busy
 
     async def handle_episodes(self) -> bool:
-        index, registry, dry_run = self.rules.index, self.services.registry, self.settings.dry_run
+        """Plan runs for unhandled episodes (one stage of ``tick``, in its own transaction)."""
+        index = self.rules.index
         targets = await self._targets(index)
+        done = _Pass()
+        handled = await self.services.store.run(
+            "episodes", lambda tx: self._plan(tx, index, targets, done)
+        )
+        await self._after(done)
+        return handled
 
-        report = lifecycle.Report()
-
-        def work(tx: store.Tx) -> int:
-            handled = 0
-            for episode in tx.lock_unhandled_episodes(self.settings.batch):
-                if handled and tx.should_yield():
-                    break  # the rest stay unhandled for the next pass
-                if targets is not None and episode.id not in targets:
-                    continue  # arrived after the targets were read, or the cluster was silent
-                isolation.run_unit(
+    def _plan(
+        self,
+        tx: store.Tx,
+        index: playbooks.PlaybookIndex,
+        targets: dict[int, lifecycle.Targets] | None,
+        done: _Pass,
+    ) -> bool:
+        registry, dry_run = self.services.registry, self.settings.dry_run
+        handled = 0
+        for episode in tx.lock_unhandled_episodes(self.settings.batch):
+            if handled and tx.should_yield():
+                break  # the rest stay unhandled for the next pass
+            if targets is not None and episode.id not in targets:
+                continue  # arrived after the targets were read, or the cluster was silent
+            isolation.run_unit(
+                tx,
+                f"episode:{episode.id}",
+                functools.partial(
+                    lifecycle.handle_episode,
                     tx,
-                    f"episode:{episode.id}",
-                    functools.partial(
-                        lifecycle.handle_episode,
-                        tx,
-                        episode,
-                        index=index,
-                        registry=registry,
-                        dry_run=dry_run,
-                        guard_base=self.settings.guards,
-                        report=report,
-                        targets=self._episode_targets(targets, episode, index),
-                    ),
-                    quarantine=functools.partial(lifecycle.quarantine_episode, tx, episode),
-                    report=report,
-                )
-                handled += 1
-            return handled
-
-        handled = await self.services.store.run("episodes", work)
-        await self.publish(report)
+                    episode,
+                    index=index,
+                    registry=registry,
+                    dry_run=dry_run,
+                    guard_base=self.settings.guards,
+                    report=done.report,
+                    targets=self._episode_targets(targets, episode, index),
+                ),
+                quarantine=functools.partial(lifecycle.quarantine_episode, tx, episode),
+                report=done.report,
+            )
+            handled += 1
         return bool(handled)
 
     def _episode_targets(
@@ -201,7 +246,7 @@ class Engine:
             return None
         if self._resolver is None or self._resolver.cluster is not cluster:
             self._resolver = targeting.NodeResolver(cluster, ttl=self.settings.targeting_ttl)
-        episodes = await self.services.store.run(
+        episodes = await self.services.store.read(
             "episodes.peek", lambda tx: tx.lock_unhandled_episodes(self.settings.batch)
         )
         now = self.services.clock()
@@ -233,100 +278,117 @@ class Engine:
         return chosen
 
     async def start_runs(self) -> bool:
+        """Start pending runs (one stage of ``tick``, in its own transaction)."""
         index = self.rules.index
+        done = _Pass()
+        started = await self.services.store.run("start", lambda tx: self._start(tx, index, done))
+        await self._after(done)
+        return started
 
-        report = lifecycle.Report()
-
-        def work(tx: store.Tx) -> bool:
-            started = False
-            for n, run in enumerate(tx.lock_pending_runs(self.settings.batch)):
-                if n and tx.should_yield():
-                    return True  # come back for the rest
-                playbook = index.get(run.playbook)
-                concurrency = playbook.concurrency if playbook else 1
-                started |= bool(
-                    isolation.run_unit(
-                        tx,
-                        f"start:{run.id}",
-                        functools.partial(
-                            lifecycle.start_run, tx, run, concurrency=concurrency, report=report
-                        ),
-                        quarantine=self._quarantine_run(tx, run.id, report),
-                        report=report,
-                    )
+    def _start(self, tx: store.Tx, index: playbooks.PlaybookIndex, done: _Pass) -> bool:
+        started = False
+        for n, run in enumerate(tx.lock_pending_runs(self.settings.batch)):
+            if n and tx.should_yield():
+                return True  # come back for the rest
+            playbook = index.get(run.playbook)
+            concurrency = playbook.concurrency if playbook else 1
+            started |= bool(
+                isolation.run_unit(
+                    tx,
+                    f"start:{run.id}",
+                    functools.partial(
+                        lifecycle.start_run, tx, run, concurrency=concurrency, report=done.report
+                    ),
+                    quarantine=self._quarantine_run(tx, run.id, done.report),
+                    report=done.report,
                 )
-            return started
-
-        started = await self.services.store.run("start", work)
-        await self.publish(report)
+            )
         return started
 
     async def advance_runs(self) -> bool:
-        report = lifecycle.Report()
-        registry = self.services.registry
-
-        def work(tx: store.Tx) -> bool:
-            candidates = tx.active_runs_with_no_active_step(self.settings.batch)
-            for n, run in enumerate(candidates):
-                if n and tx.should_yield():
-                    break
-                isolation.run_unit(
-                    tx,
-                    f"advance:{run.id}",
-                    functools.partial(
-                        lifecycle.advance_run, tx, run, registry=registry, report=report
-                    ),
-                    quarantine=self._quarantine_run(tx, run.id, report),
-                    report=report,
-                )
-            return bool(candidates)
-
-        busy = await self.services.store.run("advance", work)
-        await self.publish(report)
+        """Make the next steps of running runs due (one stage of ``tick``, on its own)."""
+        done = _Pass()
+        busy = await self.services.store.run("advance", lambda tx: self._advance(tx, done))
+        await self._after(done)
         return busy
 
-    async def claim_steps(self) -> bool:
+    def _advance(self, tx: store.Tx, done: _Pass) -> bool:
+        registry = self.services.registry
+        candidates = tx.active_runs_with_no_active_step(self.settings.batch)
+        for n, run in enumerate(candidates):
+            if n and tx.should_yield():
+                break
+            isolation.run_unit(
+                tx,
+                f"advance:{run.id}",
+                functools.partial(
+                    lifecycle.advance_run, tx, run, registry=registry, report=done.report
+                ),
+                quarantine=self._quarantine_run(tx, run.id, done.report),
+                report=done.report,
+            )
+        return bool(candidates)
+
+    def _room(self) -> int:
         if self._stopping:
-            return False
-        room = self.settings.max_concurrent_steps - len(self._in_flight)
-        if room <= 0:
-            return False
-        gate = guarding.Gate(
+            return 0
+        return self.settings.max_concurrent_steps - len(self._in_flight)
+
+    async def _gate(self, index: playbooks.PlaybookIndex) -> guarding.Gate:
+        return guarding.Gate(
             base=self.settings.guards,
-            index=self.rules.index,
+            index=index,
             disruptive_actions=self.disruptive_actions,
             fleet=await self._fleet(),
         )
-        report = lifecycle.Report()
 
-        def work(tx: store.Tx) -> tuple[list[records.Step], dt.datetime, list[str]]:
-            until = lifecycle.lease_until(tx.now, self.settings.lease_seconds)
-            claimed = []
-            for n, step in enumerate(tx.lock_due_steps(room)):
-                if n and tx.should_yield():
-                    break  # still due: the next pass claims it
-                moved = isolation.run_unit(
-                    tx,
-                    f"claim:{step.run_id}",
-                    functools.partial(self._admit_and_claim, tx, gate, step, until, report),
-                    quarantine=self._quarantine_run(tx, step.run_id, report),
-                    report=report,
-                )
-                if moved is not None:
-                    claimed.append(moved)
-            return claimed, tx.now, gate.tripped
+    async def claim_steps(self) -> bool:
+        """Claim due steps and start them (one stage of ``tick``, in its own transaction)."""
+        room = self._room()
+        if room <= 0:
+            return False
+        gate = await self._gate(self.rules.index)
+        done = _Pass()
 
-        claimed, now, tripped = await self.services.store.run("claim", work)
-        await self.publish(report)
-        for reason in tripped:
+        def work(tx: store.Tx) -> None:
+            done.now = tx.now
+            self._claim(tx, gate, room, done)
+
+        await self.services.store.run("claim", work)
+        await self._after(done)
+        return bool(done.claimed)
+
+    def _claim(self, tx: store.Tx, gate: guarding.Gate, room: int, done: _Pass) -> None:
+        """Claim due steps (the guards admit disruptive ones) and load what each one acts
+        on, so its runner starts at once, with no transaction of its own to read it."""
+        until = lifecycle.lease_until(tx.now, self.settings.lease_seconds)
+        for n, step in enumerate(tx.lock_due_steps(room)):
+            if n and tx.should_yield():
+                break  # still due: the next pass claims it
+            moved = isolation.run_unit(
+                tx,
+                f"claim:{step.run_id}",
+                functools.partial(self._admit_and_claim, tx, gate, step, until, done.report),
+                quarantine=self._quarantine_run(tx, step.run_id, done.report),
+                report=done.report,
+            )
+            if moved is not None:
+                done.claimed.append(executor.load_claimed(tx, moved))
+        done.tripped += gate.tripped
+        gate.tripped.clear()
+
+    async def _after(self, done: _Pass) -> None:
+        """What follows a committed pass: metrics and notices, then the claimed steps run."""
+        await self.publish(done.report)
+        for reason in done.tripped:
             await self._announce_breaker(reason)
-        await self._silence(claimed)
-        for step in claimed:
-            if step.due_at is not None:
-                self.services.observer.claim_lag((now - step.due_at).total_seconds())
-            task = asyncio.create_task(self._run_step(step), name=f"step-{step.id}")
+        await self._silence([claimed.step for claimed in done.claimed])
+        for claimed in done.claimed:
+            step = claimed.step
+            if step.due_at is not None and done.now is not None:
+                self.services.observer.claim_lag((done.now - step.due_at).total_seconds())
+            task = asyncio.create_task(self._run_step(claimed), name=f"step-{step.id}")
             self._in_flight[step.id] = task
-        return bool(claimed)
 
     def _admit_and_claim(
         self,
@@ -435,9 +497,10 @@ class Engine:
         except errors.RemediatorError as e:
             logger.error("could not announce the open breaker: %s", e)
 
-    async def _run_step(self, step: records.Step) -> None:
+    async def _run_step(self, claimed: executor.Claimed) -> None:
+        step = claimed.step
         try:
-            await self.runner.run(step)
+            await self.runner.run(step, claimed)
         except errors.StoreUnavailable as e:
             logger.warning("step %s outcome not recorded (%s); its lease will expire", step.id, e)
         except Exception:
@@ -454,8 +517,11 @@ class Engine:
     async def settle(self, max_passes: int = 200) -> None:
         """Run passes until nothing is left to do now (for tests and the demo)."""
         for _ in range(max_passes):
+            # Steps that were running when the pass began may have finished during it, after
+            # its probe: their outcomes are work for another pass.
+            flying = bool(self._in_flight)
             busy = await self.tick()
-            if self._in_flight:
+            if self._in_flight or flying:
                 await self.wait_in_flight()
                 continue
             if not busy:

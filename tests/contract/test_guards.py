@@ -146,3 +146,42 @@ async def test_steps_waiting_since_a_cutoff_are_those_whose_run_parked_by_then(b
 
     assert await waiting(parked_at - dt.timedelta(seconds=1)) == []
     assert await waiting(parked_at) == [step.id]
+
+
+async def test_a_transaction_sees_its_own_guard_writes_in_later_snapshots(backend):
+    """Guard decisions in one transaction (a claim pass admitting a burst) each see the ones
+    before them: disruptions recorded, rolled back with their savepoint, released; the breaker
+    set; a run created that counts as recent."""
+    first, second = await _runs(
+        backend, ("reboot", runs.RunKind.ALERT, False), ("drain", runs.RunKind.ALERT, False)
+    )
+
+    def decisions(tx):
+        def snapshot(pool=None):
+            return tx.guard_snapshot(
+                node=None, since=tx.now, disruptive_playbooks=["reboot"], gpu_nodes=8, pool=pool
+            )
+
+        seen = [snapshot().disrupted_nodes, snapshot(pool="x").disrupted_nodes]
+        tx.record_disruption(run_id=first, node="a", pool="x")
+        tx.record_disruption(run_id=second, node="b", pool="y")
+        seen += [snapshot().disrupted_nodes, snapshot(pool="x").disrupted_nodes]
+        try:
+            with tx.savepoint():
+                tx.record_disruption(run_id=second, node="c", pool="x")
+                seen.append(snapshot(pool="x").disrupted_nodes)
+                raise RuntimeError("the unit failed")
+        except RuntimeError:
+            pass
+        seen.append(snapshot(pool="x").disrupted_nodes)
+        tx.release_disruptions(run_id=first)
+        seen.append(snapshot().disrupted_nodes)
+        recent = snapshot().recent_runs
+        tx.insert_run(new_run(episode_id=None, playbook="reboot"), actor="engine")
+        tx.set_guard_state("breaker", {"open": True})
+        after = snapshot()
+        return seen, (recent, after.recent_runs, after.breaker_open)
+
+    seen, (recent, later, breaker_open) = await run(backend, decisions)
+    assert seen == [set(), set(), {"a", "b"}, {"a"}, {"a", "c"}, {"a"}, {"b"}]
+    assert (later - recent, breaker_open) == (1, True)

@@ -398,9 +398,10 @@ class SqlTx:
             yield
         except BaseException:
             nested.rollback()
-            # its events and row writes are gone too
+            # its events and row writes are gone too, and what was counted from them
             del self._pending[pending:]
             self._unsealed = unsealed
+            self._fleet_guards.clear()
             raise
         nested.commit()
 
@@ -462,6 +463,7 @@ class SqlTx:
 
     def insert_run(self, new: records.NewRun, *, actor: str) -> int | None:
         """Create a run and its steps; ``None`` if this episode already has this run."""
+        self._fleet_guards.clear()  # it may count among the breaker's recent runs
         values = {
             "playbook": new.playbook,
             "kind": new.kind.value,
@@ -668,9 +670,11 @@ class SqlTx:
         key = (pool, since, playbook_names)
         fleet = self._fleet_guards.get(key)
         if fleet is None:
+            # Read once per transaction and kept up to date by this transaction's own writes
+            # (``record_disruption`` adds to it; other guard writes drop it): a claim pass
+            # admitting a burst of steps reads the fleet's state once, not once per step.
             fleet = self._fleet_guard_state(pool, since, playbook_names)
-            if not self.locking:  # a read sees no writes of its own: plans reuse it per alert
-                self._fleet_guards[key] = fleet
+            self._fleet_guards[key] = fleet
         disrupted, breaker, recent = fleet
         last = None
         if node is not None:
@@ -729,6 +733,7 @@ class SqlTx:
         self.conn.execute(_LOCK_GUARDS).one()
 
     def set_guard_state(self, key: str, value: dict[str, Any]) -> None:
+        self._fleet_guards.clear()
         statement = self._insert(G).values(key=key, value=value, updated_at=self.now)
         self.conn.execute(
             statement.on_conflict_do_update(
@@ -741,6 +746,7 @@ class SqlTx:
         return {row.key: dict(row.value) for row in rows}
 
     def delete_guard_state(self, key: str) -> None:
+        self._fleet_guards.clear()
         self.conn.execute(sa.delete(G).where(G.c.key == key))
 
     def record_disruption(self, *, run_id: int, node: str, pool: str | None = None) -> None:
@@ -749,8 +755,12 @@ class SqlTx:
             .values(run_id=run_id, node=node, pool=pool, started_at=self.now)
             .on_conflict_do_nothing(index_elements=[D.c.run_id, D.c.node])
         )
+        for (counted_pool, _, _), (disrupted, _, _) in self._fleet_guards.items():
+            if counted_pool is None or counted_pool == pool:
+                disrupted.add(node)
 
     def release_disruptions(self, *, node: str | None = None, run_id: int | None = None) -> int:
+        self._fleet_guards.clear()
         conditions: list[sa.ColumnElement[bool]] = [D.c.released_at.is_(None)]
         if node is not None:
             conditions.append(D.c.node == node)

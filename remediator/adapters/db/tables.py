@@ -234,6 +234,9 @@ disruptions = sa.Table(
     sa.Column("released_at", UTCDateTime(), nullable=True),
     sa.UniqueConstraint("run_id", "node", name="uq_disruptions_run_node"),
     sa.Index("ix_disruptions_started", "started_at"),
+    # A node's last disruption, read by every guard decision (the per-node cooldown): without
+    # it that read scanned the whole history (migration 0008).
+    sa.Index("ix_disruptions_node", "node", "started_at"),
     sa.Index(
         "ix_disruptions_active",
         "node",

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import sqlalchemy as sa
+
 from tests.integration.engine.test_engine import alert_body
 from tests.support.notify import FakeNotifier
 
@@ -129,3 +131,37 @@ async def test_dry_run_is_not_held_and_takes_no_budget(make_harness):
     assert [r["status"] for r in await h.runs()] == ["succeeded"] * 3
     assert h.records() == []
     assert (await (await h.client.get("/api/v1/breaker")).json())["disruptedNodes"] == []
+
+
+DISRUPT_FIRST = """
+name: disrupt-first
+match: {alertname: GPUXidError79}
+exclusive: true
+steps:
+  - {id: cordon, action: test.disrupt, params: {label: "{{ target.node }}"}}
+"""
+
+
+async def test_a_pass_admitting_a_burst_reads_the_fleets_guard_state_once(make_harness):
+    """Guard decisions are O(affected nodes): a pass that admits twelve disruptive steps reads
+    which nodes are disrupted once and counts on from its own decisions, instead of reading
+    the whole disrupted set again for every step (a burst was quadratic). The budget still
+    admits exactly its size."""
+    h = await make_harness(DISRUPT_FIRST, guards={"max_nodes": 10, "max_disruptive_runs": 50})
+    for i in range(12):
+        await h.post(alert_body(node=f"gpu-node-{i:02d}"))
+    reads: list[str] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany):
+        if "FROM disruptions" in statement and "DISTINCT" in statement:
+            reads.append(statement)
+
+    sa.event.listen(sa.Engine, "before_cursor_execute", count)
+    try:
+        assert await h.engine.tick()
+    finally:
+        sa.event.remove(sa.Engine, "before_cursor_execute", count)
+    await h.settle()
+    assert len(reads) == 1
+    assert len(disrupted(h)) == 10
+    assert len(await _held(h)) == 2

@@ -375,10 +375,25 @@ async def test_one_pass_turns_a_new_alert_into_its_claimed_first_step(make_engin
     passes one poll interval apart."""
     h = make_engine(GATE_THEN_RECORD)
     await h.fire()
+    operations: list[str] = []
+    run_tx, read_tx = h.store.run, h.store.read
+
+    async def counted_run(operation, work):
+        operations.append(operation)
+        return await run_tx(operation, work)
+
+    async def counted_read(operation, work):
+        operations.append(f"read:{operation}")
+        return await read_tx(operation, work)
+
+    h.store.run, h.store.read = counted_run, counted_read
     assert await h.engine.tick()
     [run] = h.runs()
     assert (run.status, h.statuses(run.id)) == (runs.RunStatus.RUNNING, ["running", "pending"])
     await asyncio.wait_for(h.gate.entered.wait(), 5)  # already on its way, with no other pass
+    # ...by one transaction: the step's context was read by the claim, not by a read of its own
+    assert operations == ["pass"]
+    h.store.run, h.store.read = run_tx, read_tx
 
 
 async def test_steps_that_finish_together_are_recorded_in_one_transaction(make_engine):
