@@ -87,12 +87,26 @@ async def find_driver(
     scope's host pod (created and Ready on first use; callers run in ``hostexec.scoped``)."""
     cluster = ctx.require_cluster()
     node = await clusterops.gpu_node(cluster, clusterops.target_node(ctx, params.node))
+    return node, await driver_on(ctx, node, params)
+
+
+async def driver_on(
+    ctx: actions.ActionContext,
+    node: port.NodeInfo,
+    params: DriverParams,
+    *,
+    listed: port.PodInfo | None = None,
+) -> Driver:
+    """Where ``node``'s GPU commands run, the node already read (``find_driver``). ``listed``:
+    its driver pod, found in a list taken beforehand (the fleet sweep lists every driver pod
+    once instead of once per node); a host pod pool's node never uses it."""
+    cluster = ctx.require_cluster()
     pool = hostexec.host_pool(hostexec.config(ctx), node)
     if pool is not None:
         host = await hostexec.acquire(
             ctx, pool, node.name, default_namespace=cluster.driver_namespace
         )
-        return node, Driver(
+        return Driver(
             node=node.name,
             namespace=host.namespace,
             pod=host.name,
@@ -101,10 +115,12 @@ async def find_driver(
             host_pod=True,
         )
     namespace = params.driver_namespace or cluster.driver_namespace
-    with clusterops.cluster_errors(f"finding the GPU driver pod on {node.name}"):
-        pod = await cluster.find_driver_pod(
-            node.name, namespace=namespace, selector=params.driver_selector
-        )
+    pod = listed
+    if pod is None:
+        with clusterops.cluster_errors(f"finding the GPU driver pod on {node.name}"):
+            pod = await cluster.find_driver_pod(
+                node.name, namespace=namespace, selector=params.driver_selector
+            )
     if pod is None:
         raise errors.ActionFailed(
             f"no running GPU driver pod on {node.name} in namespace {namespace} "
@@ -112,7 +128,7 @@ async def find_driver(
             temporary=True,
         )
     container = params.driver_container or cluster.driver_container
-    return node, Driver(node=node.name, namespace=pod.namespace, pod=pod.name, container=container)
+    return Driver(node=node.name, namespace=pod.namespace, pod=pod.name, container=container)
 
 
 async def run(

@@ -12,6 +12,8 @@ mistaken for a clean one.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import dataclasses
 import re
 from typing import Annotated, Any, ClassVar, Literal
@@ -422,14 +424,15 @@ class HealthReportAction(actions.Action[HealthReportParams]):
         selector = params.node_selector or cluster.gpu_node_selector
         with clusterops.cluster_errors(f"listing nodes matching {selector!r}"):
             nodes = await cluster.list_nodes(label_selector=selector)
-        names = sorted(n.name for n in nodes if cluster.is_gpu_node(n))
+        gpu_nodes = sorted((n for n in nodes if cluster.is_gpu_node(n)), key=lambda n: n.name)
+        listed = await FleetPods.read(ctx, params)
         limit = asyncio.Semaphore(params.max_concurrency)
 
-        async def one(name: str) -> dict[str, Any]:
+        async def one(node: port.NodeInfo) -> dict[str, Any]:
             async with limit:
-                return await self._node(ctx, params, name)
+                return await self._node(ctx, params, node, listed)
 
-        reports = await asyncio.gather(*(one(name) for name in names))
+        reports = await asyncio.gather(*(one(node) for node in gpu_nodes))
         summary = _summary(reports)
         output: dict[str, Any] = {"node_selector": selector, "nodes": reports, "summary": summary}
         worst = summary["worst"]
@@ -444,8 +447,13 @@ class HealthReportAction(actions.Action[HealthReportParams]):
         return output
 
     async def _node(
-        self, ctx: actions.ActionContext, params: HealthReportParams, name: str
+        self,
+        ctx: actions.ActionContext,
+        params: HealthReportParams,
+        node: port.NodeInfo,
+        listed: FleetPods,
     ) -> dict[str, Any]:
+        name = node.name
         driver_params = gpu.DriverParams(
             node=name,
             driver_namespace=params.driver_namespace,
@@ -453,10 +461,22 @@ class HealthReportAction(actions.Action[HealthReportParams]):
             driver_container=params.driver_container,
             exec_timeout_seconds=params.exec_timeout_seconds,
         )
+        timeout = params.exec_timeout_seconds
         try:
             async with hostexec.scope():  # one host pod per node, deleted before the next
-                _, driver = await gpu.find_driver(ctx, driver_params)
-                gpus, lost, exit_code = await query_health(ctx, driver, params.exec_timeout_seconds)
+                known = listed.drivers.get(name) if listed.drivers is not None else None
+                driver = await gpu.driver_on(ctx, node, driver_params, listed=known)
+                try:
+                    gpus, lost, exit_code = await query_health(ctx, driver, timeout)
+                except errors.ActionFailed:
+                    if known is None or driver.host_pod:
+                        raise
+                    # The pod listed at the start may have been replaced since: look again
+                    # (reads for the nodes that fail only, never for the whole fleet).
+                    _, fresh = await gpu.find_driver(ctx, driver_params)
+                    if fresh == driver:
+                        raise
+                    gpus, lost, exit_code = await query_health(ctx, fresh, timeout)
         except errors.ActionFailed as e:
             return {
                 "node": name,
@@ -466,7 +486,11 @@ class HealthReportAction(actions.Action[HealthReportParams]):
                 "lost": [],
                 "flags": [],
             }
-        allocated, pods_error = await _allocated_gpus(ctx, name)
+        if listed.allocated is not None:
+            allocated: int | None = listed.allocated.get(name, 0)
+            pods_error = ""
+        else:
+            allocated, pods_error = await _allocated_gpus(ctx, name)
         t = params.thresholds
         count = len(gpus) + len(lost)
         rows = [gpu_report(g, t, held=is_held(g, t, allocated=allocated, gpus=count)) for g in gpus]
@@ -491,6 +515,44 @@ class HealthReportAction(actions.Action[HealthReportParams]):
         return f"GPU health report of nodes matching {params.node_selector or '(GPU nodes)'}"
 
 
+def _live(pod: port.PodInfo) -> bool:
+    return pod.phase not in ("Succeeded", "Failed") and not pod.deletion_timestamp
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetPods:
+    """What the sweep needs to know about pods, read once for the whole fleet and indexed by
+    node, so that each node costs one exec and no reads: the running driver pod of each node
+    (one list of the driver namespace by the driver selector) and the GPUs allocated to each
+    node's live pods (one list of every pod). Either is ``None`` when its list failed; the
+    sweep then reads that node by node, as a node outside these lists would."""
+
+    drivers: dict[str, port.PodInfo] | None
+    allocated: dict[str, int] | None
+
+    @classmethod
+    async def read(cls, ctx: actions.ActionContext, params: HealthReportParams) -> FleetPods:
+        cluster = ctx.require_cluster()
+        drivers: dict[str, port.PodInfo] | None = None
+        allocated: dict[str, int] | None = None
+        with contextlib.suppress(port.ClusterError):
+            listed = await cluster.list_pods(
+                namespace=params.driver_namespace or cluster.driver_namespace,
+                label_selector=params.driver_selector or cluster.driver_selector,
+            )
+            drivers = {}
+            for pod in listed:  # the first running one per node, as find_driver_pod picks
+                if pod.node_name and pod.phase == "Running" and pod.deletion_timestamp is None:
+                    drivers.setdefault(pod.node_name, pod)
+        with contextlib.suppress(port.ClusterError):
+            pods = await cluster.list_pods()
+            allocated = collections.Counter()
+            for pod in pods:
+                if pod.node_name and _live(pod):
+                    allocated[pod.node_name] += pod.gpu_requests
+        return cls(drivers=drivers, allocated=allocated)
+
+
 async def _allocated_gpus(ctx: actions.ActionContext, node: str) -> tuple[int | None, str]:
     """GPUs allocated to the node's live pods, or ``None`` and why they cannot be listed (a
     report with one unknown beats no report)."""
@@ -499,8 +561,7 @@ async def _allocated_gpus(ctx: actions.ActionContext, node: str) -> tuple[int | 
         pods = await cluster.list_pods(field_selector=f"spec.nodeName={node}")
     except port.ClusterError as e:
         return None, f"cannot list pods on {node}: {e}"
-    live = [p for p in pods if p.phase not in ("Succeeded", "Failed") and not p.deletion_timestamp]
-    return sum(p.gpu_requests for p in live), ""
+    return sum(p.gpu_requests for p in pods if _live(p)), ""
 
 
 MAX_NOTIFIED_FINDINGS = 20

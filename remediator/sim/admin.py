@@ -1,5 +1,6 @@
 """Admin endpoints under ``/sim/v1``: GPU state, node flags, settings, faults, state, reset, the
-mutation log, the exec sessions and out-of-band node reboots and driver upgrades."""
+mutation log, the exec sessions, the API requests served, and out-of-band node reboots and
+driver upgrades."""
 
 from __future__ import annotations
 
@@ -232,6 +233,12 @@ async def get_execs(request: web.Request) -> web.Response:
     return _json([dataclasses.asdict(r) for r in request.app[api.CLUSTER].exec_log])
 
 
+async def get_requests(request: web.Request) -> web.Response:
+    """Kubernetes API requests served since the start (or the last reset), by verb and
+    resource (``{"list pods": 3, "create pods/exec": 5000}``)."""
+    return _json(dict(sorted(request.app[api.CLUSTER].requests.items())))
+
+
 async def reset(request: web.Request) -> web.Response:
     cluster = request.app[api.CLUSTER]
     cluster.reset()
@@ -244,6 +251,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/sim/v1/reset", reset)
     app.router.add_get("/sim/v1/mutations", get_mutations)
     app.router.add_get("/sim/v1/execs", get_execs)
+    app.router.add_get("/sim/v1/requests", get_requests)
     app.router.add_get("/sim/v1/faults", get_faults)
     app.router.add_put("/sim/v1/faults", put_faults)
     app.router.add_get("/sim/v1/settings", get_settings)

@@ -101,6 +101,8 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
         raise not_found_path()
     cluster = request.app[CLUSTER]
     method = request.method
+    resource = target.res.name + (f"/{target.sub}" if target.sub else "")
+    cluster.requests[f"{_verb(request, target)} {resource}"] += 1
     if target.sub is not None:
         return await pods.subresource(
             request, cluster, target.res, target.namespace, target.name or "", target.sub
@@ -120,6 +122,23 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     if target.watch:
         return await watch(request, cluster, target)
     return await item(request, cluster, target)
+
+
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def _verb(request: web.Request, target: Target) -> str:
+    """The request's verb as the apiserver names it (``get``, ``list``, ``watch``, ...)."""
+    method = request.method
+    if target.sub in ("exec", "attach", "portforward"):
+        return "create"  # a connect: GET (websocket) or POST (SPDY) alike
+    if method == "GET":
+        if target.watch or request.query.get("watch", "").lower() in ("true", "1"):
+            return "watch"
+        return "get" if target.name or target.sub else "list"
+    if method == "DELETE" and not target.name:
+        return "deletecollection"
+    return _VERBS.get(method, method.lower())
 
 
 def _continue_token(key: str, rv: str) -> str:
@@ -158,12 +177,9 @@ def list_objects(
         meta["continue"] = _continue_token(_key(items[limit - 1]), meta["resourceVersion"])
         meta["remainingItemCount"] = len(items) - limit
         items = items[:limit]
-    out = []
-    for obj in items:
-        copied = json.loads(json.dumps(obj))
-        copied.pop("kind", None)
-        copied.pop("apiVersion", None)
-        out.append(copied)
+    # Serialized right here, before anything can change the store: a shallow copy without
+    # kind and apiVersion is enough (no JSON round trip of every object, then another dump).
+    out = [{k: v for k, v in obj.items() if k not in _LIST_DROPS} for obj in items]
     version = tables.requested_version(request)
     if version is not None:
         include = request.query.get("includeObject", "Metadata")
@@ -171,6 +187,9 @@ def list_objects(
     return json_response(
         {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": meta, "items": out}
     )
+
+
+_LIST_DROPS = frozenset({"kind", "apiVersion"})
 
 
 def _key(obj: Obj) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import dataclasses
 from typing import Any
@@ -41,6 +42,9 @@ class Cluster:
         self.files: dict[str, dict[str, bytes]] = {}  # pod uid -> path -> bytes
         self.wake = asyncio.Event()
         self.exec_log: list[ExecRecord] = []
+        self.requests: collections.Counter[str] = collections.Counter()
+        """Kubernetes API requests served, by verb and resource as the apiserver's audit log
+        names them (``list pods``, ``get nodes``, ``create pods/exec``)."""
         self.mutations = mutations.Log()
         self.reboots: list[str] = []  # nodes, in the order their reboots began
         self.device_allocations: dict[str, dict[str, dict[str, Any]]] = {}
@@ -70,6 +74,7 @@ class Cluster:
         self.hosts.clear()
         self.files.clear()
         self.exec_log.clear()
+        self.requests.clear()
         self.reboots.clear()
         self.device_allocations.clear()
         self.unpullable_images.clear()

@@ -151,9 +151,8 @@ class Controllers:
     def gpus_in_use(self, node_name: str) -> int:
         return sum(
             objects.gpu_request(p)
-            for p in self.cluster.store.iter("pods")
-            if p["spec"].get("nodeName") == node_name
-            and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+            for p in self.cluster.store.iter_pods_on_node(node_name)
+            if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
         )
 
     def pick_node(self, pod: Obj) -> tuple[str | None, str]:

@@ -35,8 +35,8 @@ def allocations(cluster: cluster_mod.Cluster, node: str) -> dict[str, dict[str, 
     assigned = cluster.device_allocations.setdefault(node, {})
     pods = [
         p
-        for p in cluster.store.iter("pods")
-        if p["spec"].get("nodeName") == node and p.get("status", {}).get("phase") not in FINISHED
+        for p in cluster.store.iter_pods_on_node(node)
+        if p.get("status", {}).get("phase") not in FINISHED
     ]
     live = {p["metadata"]["uid"] for p in pods}
     for uid in [u for u in assigned if u not in live]:

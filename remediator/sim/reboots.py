@@ -51,7 +51,7 @@ def _set_ready(node: Obj, status: str, reason: str, message: str) -> None:
 
 
 def _pods_on(cluster: cluster_mod.Cluster, node: str) -> list[Obj]:
-    return [p for p in cluster.store.iter("pods") if p.get("spec", {}).get("nodeName") == node]
+    return list(cluster.store.iter_pods_on_node(node))
 
 
 def _not_ready(pod: Obj) -> None:

@@ -71,8 +71,12 @@ class Store:
         self.history: collections.deque[Change] = collections.deque(maxlen=HISTORY)
         self.watchers: set[Watcher] = set()
         self.hooks: list[Hook] = []
-        self._pods_by_node: dict[str, list[tuple[str, str]]] | None = None
-        """Pod keys by ``spec.nodeName``, in key order; rebuilt on first use after pods change."""
+        self._pods_by_node: dict[str, set[tuple[str, str]]] = {}
+        """Pod keys by ``spec.nodeName`` ("" for unbound pods), kept up to date on every pod
+        change (``_emit``): a pod written never costs a pass over every pod."""
+        self.scanned = 0
+        """Objects looked at by reads (``iter``, ``iter_pods_on_node``) since the start: how
+        tests tell a lookup by index from a scan of a whole collection."""
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -98,6 +102,7 @@ class Store:
         """Iterate live objects without copying: callers must not mutate them."""
         bucket = self._objects[store_key]
         for key in sorted(bucket):
+            self.scanned += 1
             if namespace is None or key[0] == namespace:
                 yield bucket[key]
 
@@ -106,14 +111,25 @@ class Store:
         ones), through an index: a sweep of a large fleet lists each node's pods once, which
         would otherwise scan every pod of the fleet for every node."""
         bucket = self._objects["pods"]
-        if self._pods_by_node is None:
-            index: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)
-            for key in sorted(bucket):
-                index[bucket[key].get("spec", {}).get("nodeName") or ""].append(key)
-            self._pods_by_node = index
-        for key in self._pods_by_node.get(node, ()):
+        for key in sorted(self._pods_by_node.get(node, ())):
+            self.scanned += 1
             if namespace is None or key[0] == namespace:
                 yield bucket[key]
+
+    def _index_pod(self, obj: Obj | None, *, add: bool) -> None:
+        if obj is None:
+            return
+        meta = obj["metadata"]
+        node = (obj.get("spec") or {}).get("nodeName") or ""
+        key = (meta.get("namespace", ""), meta["name"])
+        if add:
+            self._pods_by_node.setdefault(node, set()).add(key)
+            return
+        keys = self._pods_by_node.get(node)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._pods_by_node[node]
 
     # ---- writing ---------------------------------------------------------------------
 
@@ -210,7 +226,7 @@ class Store:
     def clear(self) -> None:
         self._objects.clear()
         self.history.clear()
-        self._pods_by_node = None
+        self._pods_by_node = {}
 
     def dump(self) -> Objects:
         """Every object by store key (for a state file); the history is not kept."""
@@ -225,20 +241,24 @@ class Store:
         no hooks, an empty history (watches from an older resource version get 410)."""
         self._objects.clear()
         self.history.clear()
-        self._pods_by_node = None
+        self._pods_by_node = {}
         for store_key, items in objects.items():
             res = resources.by_store_key(store_key)
             for obj in items:
                 meta = obj["metadata"]
                 namespace = meta.get("namespace", "") if res.namespaced else ""
                 self._objects[store_key][(namespace, meta["name"])] = copy.deepcopy(obj)
+        for pod in self._objects["pods"].values():
+            self._index_pod(pod, add=True)
         self._rv = resource_version
 
     # ---- watching --------------------------------------------------------------------
 
     def _emit(self, store_key: str, kind: str, obj: Obj, old: Obj | None) -> None:
-        if store_key == "pods":
-            self._pods_by_node = None
+        if store_key == "pods":  # the index follows the pod: off its old node, onto its new
+            self._index_pod(old if kind != "DELETED" else obj, add=False)
+            if kind != "DELETED":
+                self._index_pod(obj, add=True)
         change = Change(
             int(obj["metadata"]["resourceVersion"]),
             store_key,

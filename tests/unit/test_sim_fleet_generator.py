@@ -10,6 +10,8 @@ import pytest
 from remediator.sim import cli as sim_cli
 from remediator.sim import cluster as sim_cluster
 from remediator.sim import fleet as sim_fleet
+from remediator.sim import kubelet as sim_kubelet
+from remediator.sim import reboots as sim_reboots
 
 
 def test_generated_fleet_puts_a_driver_and_a_dcgm_pod_on_every_gpu_node():
@@ -63,3 +65,23 @@ def test_pods_by_node_follow_binding_and_deletion():
     store.delete("pods", "gpu-operator", driver)
     assert on_node("gpu-node-0001") == scanned("gpu-node-0001")
     assert driver not in on_node("gpu-node-0001")
+
+
+def test_pod_writes_keep_the_node_index_and_node_lookups_never_scan_the_fleet():
+    cluster = sim_cluster.Cluster(sim_fleet.generate(200))  # 400 pods
+    store = cluster.store
+    node = "gpu-node-0007"
+    on_node = len(list(store.iter_pods_on_node(node)))
+    store.scanned = 0
+    for i in range(50):  # a pod created and deleted per step, as a host pod per node is
+        pod = {"metadata": {"name": f"host-{i}", "namespace": "default"}, "spec": {}}
+        pod["spec"]["nodeName"] = node
+        store.create("pods", pod)
+        assert f"host-{i}" in [p["metadata"]["name"] for p in store.iter_pods_on_node(node)]
+        store.delete("pods", "default", f"host-{i}")
+    assert store.scanned == 50 * (on_node + 1)  # never a pass over the fleet's pods
+    # What the kubelet (exec, GPU holders), the scheduler and reboots ask about one node
+    store.scanned = 0
+    sim_kubelet.allocations(cluster, node)
+    sim_reboots._pods_on(cluster, node)
+    assert store.scanned == 2 * on_node

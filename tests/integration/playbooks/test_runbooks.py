@@ -304,3 +304,54 @@ def test_new_action_params_forbid_unknown_fields() -> None:
     for action in health.ACTIONS:
         assert action.params_model.model_config.get("extra") == "forbid", action.name
         assert action.description
+
+
+async def test_fleet_health_sweep_costs_one_exec_per_node_and_a_fixed_number_of_lists(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim
+) -> None:
+    # Each node is one exec: its driver pod and its pods' GPU allocations come from lists
+    # of the whole fleet taken once, never from reads per node (O(fleet) requests, not more).
+    h = await gpu_harness()
+    sim.cluster.requests.clear()
+    sim.store.scanned = 0
+    run_id = await trigger(h, "fleet-health-sweep", {"fail_on": "never"}, None)
+    detail = await h.run_detail(run_id)
+    assert detail["status"] == "succeeded", statuses(detail)
+    report = step(detail, "report")["output"]
+    nodes = [n["node"] for n in report["nodes"]]
+    assert len(nodes) == 4
+    assert all(not n.get("error") for n in report["nodes"])
+    requests = dict(sim.cluster.requests)
+    assert requests.pop("create pods/exec") == len(nodes)
+    assert requests.pop("list nodes") <= 2  # the sweep's, and the engine's periodic fleet view
+    assert requests.pop("list pods") == 2  # the driver pods, and every pod for allocations
+    assert requests == {}  # no reads per node (get nodes, list pods on a node)
+    # The simulator looks at each object a bounded number of times for the whole sweep.
+    objects = sum(1 for _ in sim.store.iter("pods")) + sum(1 for _ in sim.store.iter("nodes"))
+    assert sim.store.scanned <= 4 * objects
+
+
+async def test_fleet_health_sweep_looks_again_when_the_listed_driver_pod_is_gone(
+    gpu_harness: MakeGpuHarness, sim: testing.RunningSim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A driver pod listed at the start of the sweep may be replaced before its node's turn:
+    # the exec into it fails, and that node (only) looks its driver pod up again.
+    read = health.FleetPods.read
+
+    async def stale(ctx: Any, params: Any) -> health.FleetPods:
+        listed = await read(ctx, params)
+        assert listed.drivers is not None
+        gone = dataclasses.replace(listed.drivers["gpu-node-02"], name="nvidia-driver-gone")
+        return dataclasses.replace(listed, drivers={**listed.drivers, "gpu-node-02": gone})
+
+    monkeypatch.setattr(health.FleetPods, "read", stale)
+    h = await gpu_harness()
+    sim.cluster.requests.clear()
+    run_id = await trigger(h, "fleet-health-sweep", {"fail_on": "never"}, None)
+    detail = await h.run_detail(run_id)
+    report = step(detail, "report")["output"]
+    nodes = {n["node"]: n for n in report["nodes"]}
+    assert not nodes["gpu-node-02"].get("error"), nodes["gpu-node-02"]
+    assert len(nodes["gpu-node-02"]["gpus"]) == 8
+    assert sim.cluster.requests["create pods/exec"] == 5  # four nodes, one of them twice
+    assert sim.cluster.requests["get nodes"] == 1  # the look-up of that one node

@@ -153,6 +153,25 @@ async def test_dropped_websockets_end_exec_without_a_status(
     assert (result.stdout, result.status) == (b"", {})
 
 
+async def test_requests_are_counted_by_verb_and_resource_and_reset(
+    sim_server: testing.RunningSim, core: client.CoreV1Api, driver_exec: ExecFn
+) -> None:
+    await core.list_node()
+    await core.read_node("gpu-node-01")
+    await core.list_pod_for_all_namespaces(field_selector="spec.nodeName=gpu-node-01")
+    await core.patch_node("gpu-node-01", {"metadata": {"labels": {"counted": "yes"}}})
+    await driver_exec("gpu-node-01", ["nvidia-smi", "-L"])
+    status, counted = await admin(sim_server, "GET", "/requests")
+    assert status == 200
+    assert counted["list nodes"] == 1
+    assert counted["get nodes"] == 1
+    assert counted["patch nodes"] == 1
+    assert counted["create pods/exec"] == 1
+    assert counted["list pods"] == 1
+    await admin(sim_server, "POST", "/reset")
+    assert (await admin(sim_server, "GET", "/requests"))[1] == {}
+
+
 async def test_a_custom_fleet_yaml_is_validated_and_seeded(tmp_path: pathlib.Path) -> None:
     description = {
         "settings": {"pod_startup_seconds": 0},
