@@ -108,7 +108,18 @@ def kept_output(step: records.Step) -> dict[str, Any]:
 class _Outcome:
     step: records.Step
     result: _Result
-    done: asyncio.Future[lifecycle.Report | None]
+    done: asyncio.Future[_Recorded | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recorded:
+    report: lifecycle.Report
+    next: Claimed | None  # the run's next step, claimed by the same transaction
+
+
+#: What follows a recorded outcome in its transaction: the run's next step made due and,
+#: when it may start now, claimed (the engine's guards decide), else ``None``.
+FollowUp = Callable[[store.Tx, records.Step, lifecycle.Report], "Claimed | None"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,11 +160,12 @@ class _Recorder:
     def __init__(self, services: Services, *, owner: str) -> None:
         self.services = services
         self.owner = owner
+        self.follow_up: FollowUp | None = None
         self._queue: list[_Outcome] = []
         self._writer: asyncio.Task[None] | None = None
 
-    async def record(self, step: records.Step, result: _Result) -> lifecycle.Report | None:
-        """The report of ``step``'s recorded outcome; ``None`` if another worker owns it now."""
+    async def record(self, step: records.Step, result: _Result) -> _Recorded | None:
+        """``step``'s recorded outcome; ``None`` if another worker owns it now."""
         outcome = _Outcome(step, result, asyncio.get_running_loop().create_future())
         self._queue.append(outcome)
         if self._writer is None or self._writer.done():
@@ -183,23 +195,33 @@ class _Recorder:
 
     def _finish_all(
         self, batch: list[_Outcome], tx: store.Tx
-    ) -> list[lifecycle.Report | Exception | None]:
-        results: list[lifecycle.Report | Exception | None] = []
+    ) -> list[_Recorded | Exception | None]:
+        results: list[_Recorded | Exception | None] = []
         for outcome in batch:
             try:
                 with tx.savepoint():
-                    results.append(self._finish(tx, outcome))
+                    finished = self._finish(tx, outcome)
             except Exception as e:
                 results.append(e)
+                continue
+            if finished is None:
+                results.append(None)
+                continue
+            moved, report = finished
+            # The outcome stands whatever follows (the follow-up isolates its own failures).
+            follow = self.follow_up(tx, moved, report) if self.follow_up else None
+            results.append(_Recorded(report, follow))
         return results
 
-    def _finish(self, tx: store.Tx, outcome: _Outcome) -> lifecycle.Report | None:
+    def _finish(
+        self, tx: store.Tx, outcome: _Outcome
+    ) -> tuple[records.Step, lifecycle.Report] | None:
         current = tx.get_step(outcome.step.id)
         if current is None or current.lease_owner != self.owner:
             logger.warning("step %s changed hands; result not recorded", outcome.step.id)
             return None
         report = lifecycle.Report()
-        lifecycle.finish_step(
+        moved = lifecycle.finish_step(
             tx,
             current,
             outcome.result,
@@ -207,7 +229,7 @@ class _Recorder:
             registry=self.services.registry,
             report=report,
         )
-        return report
+        return moved, report
 
 
 class StepRunner:
@@ -219,8 +241,18 @@ class StepRunner:
         self.on_report: Callable[[lifecycle.Report], Awaitable[None]] | None = None
         self._recorder = _Recorder(services, owner=owner)
 
-    async def run(self, step: records.Step, claimed: Claimed | None = None) -> None:
-        """Run a claimed step; ``claimed`` is what the claim read for it (else read here)."""
+    @property
+    def follow_up(self) -> FollowUp | None:
+        """Called in the transaction recording each outcome (the engine sets it)."""
+        return self._recorder.follow_up
+
+    @follow_up.setter
+    def follow_up(self, value: FollowUp | None) -> None:
+        self._recorder.follow_up = value
+
+    async def run(self, step: records.Step, claimed: Claimed | None = None) -> Claimed | None:
+        """Run a claimed step; ``claimed`` is what the claim read for it (else read here).
+        Returns the run's next step if the transaction recording this one claimed it."""
         started = time.perf_counter()
         progress: dict[str, Any] = {}
         lost = asyncio.Event()
@@ -234,17 +266,18 @@ class StepRunner:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await work
                 logger.warning("step %s lost its lease; result discarded", step.id)
-                return
+                return None
             lost_wait.cancel()
             result = work.result()
         finally:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
-        await self._record(step, result)
+        follow = await self._record(step, result)
         self.services.observer.step_finished(
             step.action, result.status.value, time.perf_counter() - started
         )
+        return follow
 
     async def _heartbeat(
         self, step: records.Step, progress: dict[str, Any], lost: asyncio.Event
@@ -397,11 +430,14 @@ class StepRunner:
             reached_apply=reached,
         )
 
-    async def _record(self, step: records.Step, result: _Result) -> None:
+    async def _record(self, step: records.Step, result: _Result) -> Claimed | None:
         try:
-            report = await self._recorder.record(step, result)
+            recorded = await self._recorder.record(step, result)
         except errors.Conflict as e:
             logger.warning("step %s: %s", step.id, e)
-            return
-        if report is not None and self.on_report is not None:
-            await self.on_report(report)
+            return None
+        if recorded is None:
+            return None
+        if self.on_report is not None:
+            await self.on_report(recorded.report)
+        return recorded.next

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable
 from typing import Protocol
 
-from remediator.domain import alerts, errors, playbooks, records
+from remediator.domain import alerts, errors, playbooks, records, runs
 from remediator.domain import guards as guards_mod
 from remediator.domain import targeting as targeting_rules
 from remediator.engine import (
@@ -68,6 +68,13 @@ class EngineSettings:
     """How long an episode waits for a cluster that cannot say which node it is about."""
 
 
+def _active(step: records.Step) -> bool:
+    """Running, parked for approval, or due: what keeps a run from being advanced."""
+    return step.status in (runs.StepStatus.RUNNING, runs.StepStatus.WAITING_APPROVAL) or (
+        step.status is runs.StepStatus.PENDING and step.due_at is not None
+    )
+
+
 @dataclasses.dataclass
 class _Pass:
     """What a pass (or one of its stages) did, acted on once its transaction committed."""
@@ -98,6 +105,8 @@ class Engine:
             services, owner=self.owner, lease_seconds=settings.lease_seconds
         )
         self.runner.on_report = self.publish
+        self.runner.follow_up = self._follow_up
+        self._tripped: list[str] = []  # breaker trips by follow-ups, announced after commit
         self._wake = asyncio.Event()
         self._in_flight: dict[int, asyncio.Task[None]] = {}
         self._gpu_nodes: tuple[dt.datetime, dict[str, dict[str, str]]] | None = None
@@ -498,9 +507,22 @@ class Engine:
             logger.error("could not announce the open breaker: %s", e)
 
     async def _run_step(self, claimed: executor.Claimed) -> None:
+        """Run a claimed step, then each next step of its run that the transaction recording
+        the one before claimed (in this task and its slot: no engine pass in between)."""
+        current: executor.Claimed | None = claimed
         step = claimed.step
         try:
-            await self.runner.run(step, claimed)
+            while current is not None:
+                step = current.step
+                current = await self.runner.run(step, current)
+                if current is not None:
+                    task = self._in_flight.pop(step.id, None)
+                    if task is not None:
+                        self._in_flight[current.step.id] = task
+                    for reason in self._tripped:
+                        await self._announce_breaker(reason)
+                    self._tripped.clear()
+                    await self._silence([current.step])
         except errors.StoreUnavailable as e:
             logger.warning("step %s outcome not recorded (%s); its lease will expire", step.id, e)
         except Exception:
@@ -508,6 +530,58 @@ class Engine:
         finally:
             self._in_flight.pop(step.id, None)
             self.wake()
+
+    def _follow_up(
+        self, tx: store.Tx, finished: records.Step, report: lifecycle.Report
+    ) -> executor.Claimed | None:
+        """In the transaction that recorded ``finished``: advance its run and claim the next
+        step when it may start now, as a pass would (the same guards, isolation and
+        quarantine). A step of a multi-step playbook starts as soon as the one before it is
+        recorded, not after another probe and pass."""
+        if self._stopping or finished.status not in runs.STEP_TERMINAL:
+            return None  # a retry stays with its due time; a stopping worker claims nothing
+        fleet = None
+        if self.services.cluster is not None:
+            if self._gpu_nodes is None:
+                return None  # the guards cannot count the fleet yet: the next pass does it
+            fleet = self._gpu_nodes[1]
+        run = tx.get_run(finished.run_id)
+        if run is None or run.status is not runs.RunStatus.RUNNING:
+            return None
+        gate = guarding.Gate(
+            base=self.settings.guards,
+            index=self.rules.index,
+            disruptive_actions=self.disruptive_actions,
+            fleet=fleet,
+        )
+        claimed = isolation.run_unit(
+            tx,
+            f"advance:{run.id}",
+            functools.partial(self._next_step, tx, run, gate, report),
+            quarantine=self._quarantine_run(tx, run.id, report),
+            report=report,
+        )
+        self._tripped += gate.tripped
+        return claimed
+
+    def _next_step(
+        self, tx: store.Tx, run: records.Run, gate: guarding.Gate, report: lifecycle.Report
+    ) -> executor.Claimed | None:
+        if any(_active(step) for step in tx.steps_of_run(run.id)):
+            return None  # another step of the run is under way (or parked for approval)
+        lifecycle.advance_run(tx, run, registry=self.services.registry, report=report)
+        due = [
+            step
+            for step in tx.steps_of_run(run.id)
+            if step.status is runs.StepStatus.PENDING
+            and step.due_at is not None
+            and step.due_at <= tx.now
+        ]
+        if not due:
+            return None
+        until = lifecycle.lease_until(tx.now, self.settings.lease_seconds)
+        moved = self._admit_and_claim(tx, gate, due[0], until, report)
+        return executor.load_claimed(tx, moved) if moved is not None else None
 
     async def wait_in_flight(self) -> None:
         """Wait for the steps this worker is running (tests and shutdown use it)."""

@@ -414,11 +414,43 @@ async def test_steps_that_finish_together_are_recorded_in_one_transaction(make_e
     h.store.run = counted
     h.gate.gate.set()
     await h.engine.wait_in_flight()
-    assert operations.count("step.finish") == 1
-    assert all(h.statuses(r.id) == ["succeeded", "pending"] for r in h.runs())
+    # the four first steps in one transaction (which claimed the four second steps), then
+    # the four second steps in another
+    assert operations == ["step.finish", "step.finish"]
+    assert all(h.statuses(r.id) == ["succeeded", "succeeded"] for r in h.runs())
     h.store.run = run
     await h.settle()
-    assert all(h.statuses(r.id) == ["succeeded", "succeeded"] for r in h.runs())
+    assert {r.status for r in h.runs()} == {runs.RunStatus.SUCCEEDED}
+    assert h.store.verify().ok
+
+
+async def test_a_runs_next_step_starts_from_the_transaction_that_recorded_the_one_before(
+    make_engine,
+):
+    """A step's outcome, its run's advance and the next step's claim commit together, and the
+    next step runs at once in the same slot: no probe, no pass in between; the last outcome
+    ends the run in the same way."""
+    h = make_engine(GATE_THEN_RECORD)
+    await h.fire()
+    await h.engine.tick()
+    operations: list[str] = []
+    run_tx = h.store.run
+
+    async def counted(operation, work):
+        operations.append(operation)
+        return await run_tx(operation, work)
+
+    h.store.run = counted
+    h.gate.gate.set()
+    await h.engine.wait_in_flight()
+    h.store.run = run_tx
+    [run] = h.runs()
+    assert (run.status, h.statuses(run.id)) == (
+        runs.RunStatus.SUCCEEDED,
+        ["succeeded", "succeeded"],
+    )
+    assert operations == ["step.finish", "step.finish"]
+    assert h.engine._in_flight == {}
     assert h.store.verify().ok
 
 
