@@ -39,7 +39,6 @@ import pathlib
 import time
 from typing import Any, ClassVar, Literal, cast
 
-import httpx
 import pydantic
 
 from remediator.actions import clusterops, drain, gpu, health, hostexec, kube, validation
@@ -152,6 +151,8 @@ async def request_upgrade(
         except OSError as e:
             raise errors.ActionFailed(f"reading the driver upgrade hook token: {e}") from e
         headers["Authorization"] = f"Bearer {token.strip()}"
+    import httpx  # only here: a server that calls no hook never loads it
+
     try:
         async with httpx.AsyncClient(timeout=cfg.hook_timeout_seconds) as http:
             response = await http.post(str(cfg.hook_url), json=body, headers=headers)

@@ -29,7 +29,6 @@ import pathlib
 import time
 from typing import Any, ClassVar, Literal
 
-import httpx
 import pydantic
 
 from remediator.actions import clusterops, gpu, hostexec, ladder
@@ -104,6 +103,8 @@ async def request_reboot(ctx: actions.ActionContext, cfg: RebootConfig, node: st
         except OSError as e:
             raise errors.ActionFailed(f"reading the reboot hook token: {e}") from e
         headers["Authorization"] = f"Bearer {token.strip()}"
+    import httpx  # only here: a server that calls no hook never loads it
+
     try:
         async with httpx.AsyncClient(timeout=cfg.hook_timeout_seconds) as http:
             response = await http.post(str(cfg.hook_url), json=body, headers=headers)

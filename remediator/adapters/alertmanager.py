@@ -7,12 +7,14 @@ silence, e.g. an end in the past) is a permanent error. Errors surface as ``Reme
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import tenacity
 
 from remediator.domain import errors
+
+if TYPE_CHECKING:
+    import httpx
 
 
 class AlertmanagerError(errors.RemediatorError):
@@ -28,10 +30,21 @@ class AlertmanagerSilencer:
         self, base_url: str, *, client: httpx.AsyncClient | None = None, attempts: int = 3
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.client = client or httpx.AsyncClient(timeout=10)
+        self._client = client
         self.attempts = attempts
 
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """Made for the first silence (httpx is imported only by a server that silences)."""
+        if self._client is None:
+            import httpx
+
+            self._client = httpx.AsyncClient(timeout=10)
+        return self._client
+
     async def _request(self, method: str, path: str, *, json: Any = None) -> httpx.Response:
+        import httpx
+
         try:
             async for attempt in tenacity.AsyncRetrying(
                 stop=tenacity.stop_after_attempt(self.attempts),
@@ -85,4 +98,5 @@ class AlertmanagerSilencer:
             raise AlertmanagerError(f"cannot expire silence {silence_id}: {response.status_code}")
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self._client is not None:
+            await self._client.aclose()

@@ -1,39 +1,51 @@
-"""``KubeCluster``: the ``ports.cluster.Cluster`` implementation over kubernetes_asyncio."""
+"""``KubeCluster``: the ``ports.cluster.Cluster`` implementation over kubernetes_asyncio.
+
+Requests go through the client's ``ApiClient`` (its configuration, credentials, TLS and
+session; exec through ``kubernetes_asyncio.stream``'s websocket client) with the paths written
+here, not through the generated ``CoreV1Api`` and ``PolicyV1Api``: those classes and the models
+they name are ~37 MB that the adapter never needs (``library``), and every answer is read as
+plain JSON.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import datetime as dt
-import json
 import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client
-from kubernetes_asyncio.stream import WsApiClient
 
 from remediator.adapters.kubernetes import config as config_mod
-from remediator.adapters.kubernetes import convert, streams, transport
+from remediator.adapters.kubernetes import convert, library, streams, transport
+from remediator.adapters.kubernetes.library import ApiClient, Configuration, WsApiClient
 from remediator.ports import cluster as port
 
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+NODES = "/api/v1/nodes"
+NODE = "/api/v1/nodes/{name}"
+PODS = "/api/v1/pods"
+NAMESPACED_PODS = "/api/v1/namespaces/{namespace}/pods"
+POD = "/api/v1/namespaces/{namespace}/pods/{name}"
+EVICTION = "/api/v1/namespaces/{namespace}/pods/{name}/eviction"
+EXEC = "/api/v1/namespaces/{namespace}/pods/{name}/exec"
+NAMESPACE = "/api/v1/namespaces/{name}"
+EVENTS = "/api/v1/namespaces/{namespace}/events"
+PDBS = "/apis/policy/v1/poddisruptionbudgets"
+NAMESPACED_PDBS = "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
 _PDB_CAUSE = re.compile(r"disruption budget (?P<name>[a-z0-9][-a-z0-9.]*)", re.IGNORECASE)
 
 
 class KubeCluster:
-    def __init__(
-        self, settings: config_mod.KubernetesConfig, configuration: client.Configuration
-    ) -> None:
+    def __init__(self, settings: config_mod.KubernetesConfig, configuration: Configuration) -> None:
         self.settings = settings
         self._configuration = configuration
-        self._api = client.ApiClient(configuration=configuration)
+        self._api = ApiClient(configuration=configuration)
         self._ws: WsApiClient | None = None
-        # the generated API classes are typed loosely (bodies are models or dicts): use Any
-        self._core: Any = client.CoreV1Api(self._api)
-        self._policy: Any = client.PolicyV1Api(self._api)
         self._retrier = transport.Retrier(
             max_seconds=settings.retry_max_seconds, attempts=settings.retry_attempts
         )
@@ -65,12 +77,12 @@ class KubeCluster:
     async def get_node(self, name: str) -> port.NodeInfo:
         obj = await self._retrier.call(
             f"get node {name}",
-            lambda: self._raw_json(self._core.read_node, name),
+            lambda: self._json("GET", NODE, {"name": name}),
         )
         return convert.node(obj)
 
     async def list_nodes(self, label_selector: str = "") -> list[port.NodeInfo]:
-        items = await self._list("list nodes", self._core.list_node, label_selector=label_selector)
+        items = await self._list("list nodes", NODES, label_selector=label_selector)
         return [convert.node(i) for i in items]
 
     async def patch_node(
@@ -90,15 +102,14 @@ class KubeCluster:
         if resource_version:
             meta["resourceVersion"] = resource_version
         body: dict[str, Any] = {"metadata": meta} if meta else {}
-        extra: dict[str, Any] = {}
+        patch = MERGE_PATCH
         if unschedulable is not None:
-            # strategic merge (the default for a dict body), as kubectl cordon does
+            # strategic merge, as kubectl cordon does
             body["spec"] = {"unschedulable": True if unschedulable else None}
-        else:
-            extra["_content_type"] = MERGE_PATCH
+            patch = STRATEGIC_MERGE_PATCH
         obj = await self._retrier.call(
             f"patch node {name}",
-            lambda: self._raw_json(self._core.patch_node, name, body, **extra),
+            lambda: self._json("PATCH", NODE, {"name": name}, body=body, content_type=patch),
         )
         return convert.node(obj)
 
@@ -111,40 +122,59 @@ class KubeCluster:
         }
         obj = await self._retrier.call(
             f"replace taints of node {name}",
-            lambda: self._raw_json(self._core.patch_node, name, body, _content_type=MERGE_PATCH),
+            lambda: self._json("PATCH", NODE, {"name": name}, body=body, content_type=MERGE_PATCH),
         )
         return convert.node(obj)
 
     # ---- pods -------------------------------------------------------------------------
 
-    async def _raw_json(self, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """``fn``'s answer as plain JSON, never turned into the client's model objects: a list
-        of a thousand nodes cost seconds of CPU as models (and again turned back into dicts),
-        blocking the event loop. A non-2xx answer raises the client's ``ApiException``, as a
-        call that builds models would."""
-        response = await fn(*args, _request_timeout=self._timeout, _preload_content=False, **kwargs)
-        try:
-            data = await response.read()
-        finally:
-            response.release()
-        if not 200 <= response.status <= 299:
-            error = client.ApiException(status=response.status, reason=response.reason)
-            error.body = data.decode("utf-8", "replace")
-            error.headers = response.headers
-            raise error
-        found = json.loads(data)
-        return found if isinstance(found, dict) else {}
+    async def _json(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str],
+        *,
+        query: library.Query = (),
+        body: Any = None,
+        content_type: str = library.JSON,
+    ) -> dict[str, Any]:
+        """The answer as plain JSON, never turned into the client's model objects: a list of a
+        thousand nodes cost seconds of CPU as models (and again turned back into dicts),
+        blocking the event loop. A non-2xx answer raises the client's ``ApiException``."""
+        return await library.call_json(
+            self._api,
+            method,
+            path,
+            params=params,
+            query=query,
+            body=body,
+            content_type=content_type,
+            timeout=self._timeout,
+        )
 
-    async def _list(self, what: str, fn: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    async def _list(
+        self,
+        what: str,
+        path: str,
+        params: Mapping[str, str] | None = None,
+        *,
+        field_selector: str = "",
+        label_selector: str = "",
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
-            page_kwargs = dict(kwargs)
-            if token:
-                page_kwargs["_continue"] = token
+            query: list[tuple[str, Any]] = [("continue", token)] if token else []
+            if field_selector:
+                query.append(("fieldSelector", field_selector))
+            if label_selector:
+                query.append(("labelSelector", label_selector))
+            if limit is not None:
+                query.append(("limit", limit))
 
-            async def fetch(page_kwargs: dict[str, Any] = page_kwargs) -> dict[str, Any]:
-                return await self._raw_json(fn, **page_kwargs)
+            async def fetch(query: list[tuple[str, Any]] = query) -> dict[str, Any]:
+                return await self._json("GET", path, params or {}, query=query)
 
             page = await self._retrier.call(what, fetch)
             items.extend(page.get("items") or [])
@@ -160,32 +190,36 @@ class KubeCluster:
         label_selector: str = "",
         page_size: int = 500,
     ) -> list[port.PodInfo]:
-        kwargs: dict[str, Any] = {"limit": page_size}
-        if field_selector:
-            kwargs["field_selector"] = field_selector
-        if label_selector:
-            kwargs["label_selector"] = label_selector
         if namespace:
             items = await self._list(
                 f"list pods in {namespace}",
-                lambda **kw: self._core.list_namespaced_pod(namespace, **kw),
-                **kwargs,
+                NAMESPACED_PODS,
+                {"namespace": namespace},
+                field_selector=field_selector,
+                label_selector=label_selector,
+                limit=page_size,
             )
         else:
-            items = await self._list("list pods", self._core.list_pod_for_all_namespaces, **kwargs)
+            items = await self._list(
+                "list pods",
+                PODS,
+                field_selector=field_selector,
+                label_selector=label_selector,
+                limit=page_size,
+            )
         return [convert.pod(i) for i in items]
 
     async def get_pod(self, namespace: str, name: str) -> port.PodInfo:
         obj = await self._retrier.call(
             f"get pod {namespace}/{name}",
-            lambda: self._raw_json(self._core.read_namespaced_pod, name, namespace),
+            lambda: self._json("GET", POD, {"namespace": namespace, "name": name}),
         )
         return convert.pod(obj)
 
     async def get_namespace(self, name: str) -> port.NamespaceInfo:
         obj = await self._retrier.call(
             f"get namespace {name}",
-            lambda: self._raw_json(self._core.read_namespace, name),
+            lambda: self._json("GET", NAMESPACE, {"name": name}),
         )
         return convert.namespace(obj)
 
@@ -208,8 +242,8 @@ class KubeCluster:
         try:
             await self._retrier.call(
                 f"evict pod {namespace}/{name}",
-                lambda: self._core.create_namespaced_pod_eviction(
-                    name, namespace, body, _request_timeout=self._timeout
+                lambda: self._json(
+                    "POST", EVICTION, {"namespace": namespace, "name": name}, body=body
                 ),
                 retryable=retryable,
             )
@@ -234,8 +268,12 @@ class KubeCluster:
         body = {"metadata": {"annotations": dict(annotations)}}
         obj = await self._retrier.call(
             f"annotate pod {namespace}/{name}",
-            lambda: self._raw_json(
-                self._core.patch_namespaced_pod, name, namespace, body, _content_type=MERGE_PATCH
+            lambda: self._json(
+                "PATCH",
+                POD,
+                {"namespace": namespace, "name": name},
+                body=body,
+                content_type=MERGE_PATCH,
             ),
         )
         return convert.pod(obj)
@@ -245,7 +283,9 @@ class KubeCluster:
         try:
             obj = await self._retrier.call(
                 f"create pod {namespace}/{name}",
-                lambda: self._raw_json(self._core.create_namespaced_pod, namespace, dict(manifest)),
+                lambda: self._json(
+                    "POST", NAMESPACED_PODS, {"namespace": namespace}, body=dict(manifest)
+                ),
             )
         except port.Conflict:  # already there: a retried create that had landed
             return await self.get_pod(namespace, name)
@@ -255,22 +295,18 @@ class KubeCluster:
         with contextlib.suppress(port.NotFound):
             await self._retrier.call(
                 f"delete pod {namespace}/{name}",
-                lambda: self._core.delete_namespaced_pod(
-                    name, namespace, _request_timeout=self._timeout
-                ),
+                lambda: self._json("DELETE", POD, {"namespace": namespace, "name": name}),
             )
 
     async def list_pdbs(self, namespace: str | None = None) -> list[port.PdbInfo]:
         if namespace:
             items = await self._list(
                 f"list poddisruptionbudgets in {namespace}",
-                lambda **kw: self._policy.list_namespaced_pod_disruption_budget(namespace, **kw),
+                NAMESPACED_PDBS,
+                {"namespace": namespace},
             )
         else:
-            items = await self._list(
-                "list poddisruptionbudgets",
-                self._policy.list_pod_disruption_budget_for_all_namespaces,
-            )
+            items = await self._list("list poddisruptionbudgets", PDBS)
         return [convert.pdb(i) for i in items]
 
     async def find_driver_pod(
@@ -320,9 +356,7 @@ class KubeCluster:
         with contextlib.suppress(port.Conflict):
             await self._retrier.call(
                 f"create event on {target.kind.lower()} {target.name}",
-                lambda: self._core.create_namespaced_event(
-                    namespace, body, _request_timeout=self._timeout
-                ),
+                lambda: self._json("POST", EVENTS, {"namespace": namespace}, body=body),
             )
         return name
 
@@ -343,21 +377,23 @@ class KubeCluster:
         what = f"exec {argv[0]} in {namespace}/{pod}"
         if self._ws is None:
             self._ws = WsApiClient(configuration=self._configuration)
-        core: Any = client.CoreV1Api(self._ws)
-        kwargs: dict[str, Any] = {
-            "command": list(argv),
-            "stderr": True,
-            "stdin": False,
-            "stdout": True,
-            "tty": False,
-            "_preload_content": False,
-        }
+        api = self._ws
+        # the websocket client sends each word of ``command`` as its own parameter
+        query: list[tuple[str, Any]] = [("command", list(argv))]
         if container:
-            kwargs["container"] = container
+            query.append(("container", container))
+        query += [("stderr", True), ("stdin", False), ("stdout", True), ("tty", False)]
         streaming = False
 
         async def connect() -> aiohttp.ClientWebSocketResponse:
-            manager = await core.connect_get_namespaced_pod_exec(pod, namespace, **kwargs)
+            manager = await library.call(
+                api,
+                "GET",
+                EXEC,
+                params={"namespace": namespace, "name": pod},
+                query=query,
+                accept="*/*",
+            )
             ws: aiohttp.ClientWebSocketResponse = await manager
             return ws
 

@@ -6,19 +6,18 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from kubernetes_asyncio import client, config
-
 from remediator.adapters.kubernetes import config as config_mod
+from remediator.adapters.kubernetes import library
 
 
-async def client_configuration(settings: config_mod.KubernetesConfig) -> client.Configuration:
-    cfg = client.Configuration()
+async def client_configuration(settings: config_mod.KubernetesConfig) -> library.Configuration:
+    cfg = library.Configuration()
     mode = settings.resolved_mode()
     if mode == "incluster":
-        load_incluster: Any = config.load_incluster_config
+        load_incluster: Any = library.load_incluster_config
         load_incluster(client_configuration=cfg)
     elif mode == "kubeconfig":
-        await config.load_kube_config(
+        await library.load_kube_config(
             config_file=settings.kubeconfig,
             context=settings.context,
             client_configuration=cfg,

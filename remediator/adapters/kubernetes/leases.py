@@ -4,7 +4,7 @@ Read the Lease; create it when it is missing (409: someone else was first); othe
 with the ``resourceVersion`` that was read as a precondition, so of two replicas racing only one
 write lands (the other gets 409 and stays a follower). A lease held by someone else is taken
 over only after ``renewTime + leaseDurationSeconds``. No transport retries here: the elector
-tries again at its next renew interval.
+tries again at its next renew interval. Answers are read as plain JSON (``library.call_json``).
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client import exceptions as k8s_exceptions
-
 from remediator.adapters.kubernetes import config as config_mod
-from remediator.adapters.kubernetes import credentials, transport
+from remediator.adapters.kubernetes import credentials, library, transport
+from remediator.adapters.kubernetes.library import ApiClient, ApiException
 from remediator.ports import cluster as cluster_port
 
 NAMESPACE_FILE = config_mod.SERVICE_ACCOUNT / "namespace"
 DEFAULT_NAMESPACE = "remediator"
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+LEASE = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
 
 
 def default_namespace(path: pathlib.Path = NAMESPACE_FILE) -> str:
@@ -48,7 +48,7 @@ def _parse(value: Any) -> dt.datetime | None:
 class KubeLease:
     def __init__(
         self,
-        api_client: client.ApiClient,
+        api_client: ApiClient,
         *,
         name: str,
         namespace: str,
@@ -56,7 +56,6 @@ class KubeLease:
         clock: Callable[[], dt.datetime] | None = None,
     ) -> None:
         self._api = api_client
-        self._coordination: Any = client.CoordinationV1Api(api_client)
         self._name = name
         self.namespace = namespace
         self.request_timeout = request_timeout
@@ -66,24 +65,26 @@ class KubeLease:
     def name(self) -> str:
         return self._name
 
-    async def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+    async def _call(
+        self, what: str, method: str, path: str, body: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
         try:
-            return await fn()
-        except (k8s_exceptions.ApiException, OSError, TimeoutError) as e:
+            return await library.call_json(
+                self._api,
+                method,
+                path,
+                params={"namespace": self.namespace, "name": self._name},
+                body=body,
+                timeout=self.request_timeout,
+            )
+        except (ApiException, OSError, TimeoutError) as e:
             raise transport.translate(e, what) from e
 
     async def _read(self) -> dict[str, Any] | None:
         try:
-            obj = await self._call(
-                f"get lease {self.namespace}/{self._name}",
-                lambda: self._coordination.read_namespaced_lease(
-                    self._name, self.namespace, _request_timeout=self.request_timeout
-                ),
-            )
+            return await self._call(f"get lease {self.namespace}/{self._name}", "GET", LEASE)
         except cluster_port.NotFound:
             return None
-        data = self._api.sanitize_for_serialization(obj)
-        return data if isinstance(data, dict) else {}
 
     def _body(self, spec: Mapping[str, Any], resource_version: str | None = None) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": self._name, "namespace": self.namespace}
@@ -129,21 +130,11 @@ class KubeLease:
 
     async def _write(self, verb: str, body: dict[str, Any]) -> bool:
         what = f"{verb} lease {self.namespace}/{self._name}"
-        if verb == "create":
-
-            def fn() -> Any:
-                return self._coordination.create_namespaced_lease(
-                    self.namespace, body, _request_timeout=self.request_timeout
-                )
-        else:
-
-            def fn() -> Any:
-                return self._coordination.replace_namespaced_lease(
-                    self._name, self.namespace, body, _request_timeout=self.request_timeout
-                )
-
         try:
-            await self._call(what, fn)
+            if verb == "create":
+                await self._call(what, "POST", LEASES, body)
+            else:
+                await self._call(what, "PUT", LEASE, body)
         except cluster_port.Conflict:
             return False  # another replica wrote first
         return True
@@ -170,7 +161,7 @@ async def connect(
     """A lease with its own API client (closed by ``close``)."""
     configuration = await credentials.client_configuration(settings)
     return KubeLease(
-        client.ApiClient(configuration=configuration),
+        ApiClient(configuration=configuration),
         name=name,
         namespace=namespace or default_namespace(),
         request_timeout=min(settings.request_timeout, 5.0),

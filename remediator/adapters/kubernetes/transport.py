@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import aiohttp
 import tenacity
-from kubernetes_asyncio.client import exceptions as k8s_exceptions
 
+from remediator.adapters.kubernetes.library import ApiException
 from remediator.ports import cluster as port
 
 logger = logging.getLogger("remediator.adapters.kubernetes")
@@ -51,7 +51,7 @@ def body_of(e: BaseException) -> dict[str, Any]:
 
 
 def status_of(e: BaseException) -> int | None:
-    if isinstance(e, k8s_exceptions.ApiException):
+    if isinstance(e, ApiException):
         return int(e.status) if e.status else None
     if isinstance(e, aiohttp.WSServerHandshakeError):
         return e.status
@@ -184,7 +184,7 @@ class Retrier:
         except port.ClusterError:
             raise
         except (
-            k8s_exceptions.ApiException,
+            ApiException,
             aiohttp.ClientError,
             ConnectionError,
             TimeoutError,

@@ -14,14 +14,16 @@ import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import tenacity
 
 from remediator.adapters.notify import config, payloads
 from remediator.domain import errors, notices, templating
 from remediator.ports import notify as port
+
+if TYPE_CHECKING:
+    import httpx
 
 logger = logging.getLogger("remediator.notify")
 
@@ -74,8 +76,18 @@ class WebhookNotifier:
         self.on_secrets = on_secrets
         self.routing = routing or notices.Routing()
         self.external_url = external_url.rstrip("/") if external_url else None
-        self.client = client or httpx.AsyncClient()
+        self._client = client
         self.attempts = attempts
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """Made for the first notice: httpx and a client (its TLS context, httpcore) hold
+        ~10 MB that a server which sends no notification never needs."""
+        if self._client is None:
+            import httpx
+
+            self._client = httpx.AsyncClient()
+        return self._client
 
     async def send(
         self, *, channel: str, message: str, data: dict[str, Any], idempotency_key: str
@@ -228,6 +240,8 @@ class WebhookNotifier:
         return url, payloads.webhook(message)
 
     async def _post(self, url: str, body: Any, headers: dict[str, str], timeout: float) -> int:
+        import httpx
+
         async for attempt in tenacity.AsyncRetrying(
             stop=tenacity.stop_after_attempt(self.attempts),
             wait=_wait,
@@ -251,7 +265,8 @@ class WebhookNotifier:
         raise AssertionError("unreachable")
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
 
 
 def _dedup_key(notice: port.Notice) -> str:
