@@ -338,6 +338,14 @@ class SqlTx:
         # Digests of the rows this transaction wrote since its last event: the next event
         # seals them (``flush`` appends one if none follows).
         self._unsealed: dict[str, dict[str, str]] = {}
+        # Rows this transaction read or wrote, kept current by its own writes (the engine reads
+        # a run, its episode and its steps several times while deciding about them; each read
+        # was a statement, parsed again). Other transactions' changes still meet the
+        # compare-and-set of every transition.
+        self._runs: dict[int, records.Run] = {}
+        self._episodes: dict[int, records.Episode] = {}
+        self._steps: dict[int, records.Step] = {}
+        self._steps_of: dict[int, list[records.Step]] = {}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -398,12 +406,26 @@ class SqlTx:
             yield
         except BaseException:
             nested.rollback()
-            # its events and row writes are gone too, and what was counted from them
+            # its events and row writes are gone too, and what was counted or kept from them
             del self._pending[pending:]
             self._unsealed = unsealed
-            self._fleet_guards.clear()
+            self._forget()
             raise
         nested.commit()
+
+    def _forget(self) -> None:
+        self._fleet_guards.clear()
+        self._runs.clear()
+        self._episodes.clear()
+        self._steps.clear()
+        self._steps_of.clear()
+
+    def _kept_step(self, step: records.Step) -> records.Step:
+        self._steps[step.id] = step
+        siblings = self._steps_of.get(step.run_id)
+        if siblings is not None:
+            self._steps_of[step.run_id] = [step if s.id == step.id else s for s in siblings]
+        return step
 
     def should_yield(self) -> bool:
         return self.db.writers_waiting()
@@ -446,13 +468,19 @@ class SqlTx:
         return [episode_from_row(row) for row in self.conn.execute(query)]
 
     def mark_episode_handled(self, episode: records.Episode) -> None:
+        self._episodes.pop(episode.id, None)
         self.conn.execute(
             _MARK_HANDLED, {"w_id": episode.id, "handled_status": episode.status.value}
         )
 
     def get_episode(self, episode_id: int) -> records.Episode | None:
+        if episode_id in self._episodes:
+            return self._episodes[episode_id]
         row = self.conn.execute(_GET_EPISODE, {"w_id": episode_id}).one_or_none()
-        return episode_from_row(row) if row else None
+        if row is None:
+            return None
+        episode = self._episodes[episode_id] = episode_from_row(row)
+        return episode
 
     def find_episode(self, fingerprint: str, starts_at: dt.datetime) -> records.Episode | None:
         query = sa.select(E).where(E.c.fingerprint == fingerprint, E.c.starts_at == starts_at)
@@ -490,6 +518,7 @@ class SqlTx:
             return None
         self._seal("runs", row)
         run_id = int(row.id)
+        self._steps_of.pop(run_id, None)
         if new.steps:
             inserted = self.conn.execute(
                 _INSERT_STEPS,
@@ -541,20 +570,31 @@ class SqlTx:
         return run_id
 
     def get_run(self, run_id: int) -> records.Run | None:
+        if run_id in self._runs:
+            return self._runs[run_id]
         row = self.conn.execute(_GET_RUN, {"w_id": run_id}).one_or_none()
-        return run_from_row(row) if row else None
+        if row is None:
+            return None
+        run = self._runs[run_id] = run_from_row(row)
+        return run
 
     def runs_of_episode(self, episode_id: int) -> list[records.Run]:
         query = sa.select(R).where(R.c.episode_id == episode_id).order_by(R.c.id)
         return [run_from_row(row) for row in self.conn.execute(query)]
 
     def steps_of_run(self, run_id: int) -> list[records.Step]:
-        rows = self.conn.execute(_STEPS_OF_RUN, {"w_run_id": run_id})
-        return [step_from_row(row) for row in rows]
+        steps = self._steps_of.get(run_id)
+        if steps is None:
+            rows = self.conn.execute(_STEPS_OF_RUN, {"w_run_id": run_id})
+            steps = self._steps_of[run_id] = [step_from_row(row) for row in rows]
+            self._steps.update((step.id, step) for step in steps)
+        return list(steps)
 
     def get_step(self, step_id: int) -> records.Step | None:
+        if step_id in self._steps:
+            return self._steps[step_id]
         row = self.conn.execute(_GET_STEP, {"w_id": step_id}).one_or_none()
-        return step_from_row(row) if row else None
+        return self._kept_step(step_from_row(row)) if row else None
 
     def lock_pending_runs(self, limit: int) -> list[records.Run]:
         query = self._lock_rows(sa.select(R).where(_startable_runs()).order_by(R.c.id).limit(limit))
@@ -582,10 +622,12 @@ class SqlTx:
         result = self.conn.execute(_TRANSITION_RUN, values | {"w_id": run.id, "w_sources": sources})
         row = result.one_or_none()
         if row is None:
+            self._runs.pop(run.id, None)
             current = self.get_run(run.id)
             state = current.status.value if current else "missing"
             raise errors.Conflict(f"run {run.id} is {state}; cannot move it to {to.value}")
         self._seal("runs", row)
+        moved = self._runs[run.id] = run_from_row(row)
         self.add_event(
             "run.transition",
             actor=change.actor,
@@ -596,7 +638,7 @@ class SqlTx:
             reason=change.reason,
             data=dict(change.data) or None,
         )
-        return run_from_row(row)
+        return moved
 
     def _apply_step(self, change: transitions.StepChange) -> records.Step:
         step, to = change.step, change.to
@@ -609,6 +651,8 @@ class SqlTx:
         )
         row = result.one_or_none()
         if row is None:
+            self._steps.pop(step.id, None)
+            self._steps_of.pop(step.run_id, None)
             raise errors.Conflict(f"step {step.id} is no longer {step.status.value}")
         if change.event is not None:
             # (a change without an event moves only unaudited columns: ``audit.VOLATILE``)
@@ -625,12 +669,13 @@ class SqlTx:
                 data={"key": step.key, "action": step.action, "phase": step.phase.value}
                 | dict(change.data),
             )
-        return step_from_row(row)
+        return self._kept_step(step_from_row(row))
 
     def update_step_output(
         self, step_id: int, owner: str, output: dict[str, Any], lease_until: dt.datetime
     ) -> bool:
         """Progress of a running step, and a lease renewal; ``False`` if the lease was lost."""
+        self._forget()
         result = self.conn.execute(
             sa.update(S)
             .where(
