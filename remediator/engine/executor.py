@@ -33,7 +33,7 @@ from typing import Any
 import pydantic
 
 from remediator.domain import alerts, errors, playbooks, records, runs, transitions
-from remediator.engine import lifecycle
+from remediator.engine import isolation, lifecycle
 from remediator.ports import actions, cluster, notify, observe, silences, store
 
 logger = logging.getLogger("remediator.engine")
@@ -176,8 +176,8 @@ class _Recorder:
         while self._queue:
             batch, self._queue = self._queue, []
             try:
-                results = await self.services.store.run(
-                    "step.finish", functools.partial(self._finish_all, batch)
+                results = await isolation.transaction(
+                    self.services.store, "step.finish", functools.partial(self._finish_all, batch)
                 )
             except Exception as e:
                 results = [e] * len(batch)
@@ -199,8 +199,10 @@ class _Recorder:
         results: list[_Recorded | Exception | None] = []
         for outcome in batch:
             try:
-                with tx.savepoint():
+                with isolation.unit(tx):
                     finished = self._finish(tx, outcome)
+            except isolation.Isolate:
+                raise  # the batch again, each outcome in a savepoint
             except Exception as e:
                 results.append(e)
                 continue

@@ -165,10 +165,8 @@ class Engine:
             targets = await self._targets(index) if work.episodes else None
             room = self._room()
             gate = await self._gate(index) if room > 0 else None
-            done = _Pass()
 
-            def one_pass(tx: store.Tx) -> None:
-                done.now = tx.now
+            def one_pass(tx: store.Tx, done: _Pass) -> None:
                 done.planned = bool(work.episodes) and self._plan(tx, index, targets, done)
                 if done.planned and tx.should_yield():
                     return  # the webhook waits: the rest follows in the next pass
@@ -180,7 +178,7 @@ class Engine:
                 if gate is not None and (work.due or done.advanced) and not tx.should_yield():
                     self._claim(tx, gate, room, done)
 
-            await self.services.store.run("pass", one_pass)
+            done = await self._transaction("pass", one_pass)
             await self._after(done)
             busy |= done.planned or done.started or done.advanced or bool(done.claimed)
         await self._expire_silences()
@@ -190,12 +188,24 @@ class Engine:
         """Plan runs for unhandled episodes (one stage of ``tick``, in its own transaction)."""
         index = self.rules.index
         targets = await self._targets(index)
-        done = _Pass()
-        handled = await self.services.store.run(
-            "episodes", lambda tx: self._plan(tx, index, targets, done)
-        )
+
+        def work(tx: store.Tx, done: _Pass) -> None:
+            done.planned = self._plan(tx, index, targets, done)
+
+        done = await self._transaction("episodes", work)
         await self._after(done)
-        return handled
+        return done.planned
+
+    async def _transaction(self, operation: str, work: Callable[[store.Tx, _Pass], None]) -> _Pass:
+        """``work`` in one transaction, its units without savepoints unless one fails (then
+        again, each in its own: ``isolation.transaction``); what it did, once committed."""
+
+        def attempt(tx: store.Tx) -> _Pass:
+            done = _Pass(now=tx.now)
+            work(tx, done)
+            return done
+
+        return await isolation.transaction(self.services.store, operation, attempt)
 
     def _plan(
         self,
@@ -289,10 +299,13 @@ class Engine:
     async def start_runs(self) -> bool:
         """Start pending runs (one stage of ``tick``, in its own transaction)."""
         index = self.rules.index
-        done = _Pass()
-        started = await self.services.store.run("start", lambda tx: self._start(tx, index, done))
+
+        def work(tx: store.Tx, done: _Pass) -> None:
+            done.started = self._start(tx, index, done)
+
+        done = await self._transaction("start", work)
         await self._after(done)
-        return started
+        return done.started
 
     def _start(self, tx: store.Tx, index: playbooks.PlaybookIndex, done: _Pass) -> bool:
         started = False
@@ -316,10 +329,13 @@ class Engine:
 
     async def advance_runs(self) -> bool:
         """Make the next steps of running runs due (one stage of ``tick``, on its own)."""
-        done = _Pass()
-        busy = await self.services.store.run("advance", lambda tx: self._advance(tx, done))
+
+        def work(tx: store.Tx, done: _Pass) -> None:
+            done.advanced = self._advance(tx, done)
+
+        done = await self._transaction("advance", work)
         await self._after(done)
-        return busy
+        return done.advanced
 
     def _advance(self, tx: store.Tx, done: _Pass) -> bool:
         registry = self.services.registry
@@ -357,13 +373,7 @@ class Engine:
         if room <= 0:
             return False
         gate = await self._gate(self.rules.index)
-        done = _Pass()
-
-        def work(tx: store.Tx) -> None:
-            done.now = tx.now
-            self._claim(tx, gate, room, done)
-
-        await self.services.store.run("claim", work)
+        done = await self._transaction("claim", lambda tx, done: self._claim(tx, gate, room, done))
         await self._after(done)
         return bool(done.claimed)
 
@@ -371,6 +381,7 @@ class Engine:
         """Claim due steps (the guards admit disruptive ones) and load what each one acts
         on, so its runner starts at once, with no transaction of its own to read it."""
         until = lifecycle.lease_until(tx.now, self.settings.lease_seconds)
+        gate.tripped.clear()  # (an attempt rolled back may have tripped it: it trips again)
         for n, step in enumerate(tx.lock_due_steps(room)):
             if n and tx.should_yield():
                 break  # still due: the next pass claims it

@@ -83,3 +83,48 @@ async def test_a_unit_that_raises_is_rolled_back_alone(make_harness):
     [quarantined] = [e for e in events if e["kind"] == "engine.quarantined"]
     assert quarantined["data"]["unit"].startswith("episode:")
     assert "RuntimeError" in quarantined["reason"]
+
+
+async def test_units_run_without_savepoints_until_one_fails_and_a_failure_counts_once(
+    make_harness,
+):
+    """Savepoints were a third of a pass's statements: a pass runs its units without them,
+    and only when a unit fails is it rolled back and run again with a savepoint per unit. The
+    failing unit is then counted once, and the healthy ones are planned by that same pass."""
+    h = await make_harness(
+        """
+        name: explodes
+        match: {alertname: GPUXidError79}
+        steps:
+          - {id: a, action: test.record, params: {label: '{{ labels.kind or "ok" }}'}}
+        """
+    )
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany):
+        statements.append(statement.split()[0].upper())
+
+    async def one_pass() -> list[str]:
+        statements.clear()
+        sa.event.listen(sa.Engine, "before_cursor_execute", count)
+        try:
+            assert await h.engine.tick()
+        finally:
+            sa.event.remove(sa.Engine, "before_cursor_execute", count)
+        await h.engine.wait_in_flight()
+        return list(statements)
+
+    for node in ("gpu-node-01", "gpu-node-02", "gpu-node-03"):
+        assert (await h.post(alert_body(node=node, extra_labels={"kind": "ok"}))).status == 200
+    healthy = await one_pass()
+    assert "INSERT" in healthy and "SAVEPOINT" not in healthy
+    assert len(await h.runs()) == 3
+
+    for node, kind in (("gpu-node-04", "explode"), ("gpu-node-05", "ok")):
+        assert (await h.post(alert_body(node=node, extra_labels={"kind": kind}))).status == 200
+    poisoned = await one_pass()
+    assert "SAVEPOINT" in poisoned
+    runs = {r["node"]: r for r in await h.runs()}
+    assert "gpu-node-05" in runs and "gpu-node-04" not in runs
+    failures = await h.store.run("test", lambda tx: tx.guard_states("engine-failures:episode:"))
+    assert [state["failures"] for state in failures.values()] == [1]
