@@ -117,7 +117,8 @@ async def test_units_run_without_savepoints_until_one_fails_and_a_failure_counts
     for node in ("gpu-node-01", "gpu-node-02", "gpu-node-03"):
         assert (await h.post(alert_body(node=node, extra_labels={"kind": "ok"}))).status == 200
     healthy = await one_pass()
-    assert "INSERT" in healthy and "SAVEPOINT" not in healthy
+    assert "INSERT" in healthy
+    assert "SAVEPOINT" not in healthy
     assert len(await h.runs()) == 3
 
     for node, kind in (("gpu-node-04", "explode"), ("gpu-node-05", "ok")):
@@ -125,6 +126,7 @@ async def test_units_run_without_savepoints_until_one_fails_and_a_failure_counts
     poisoned = await one_pass()
     assert "SAVEPOINT" in poisoned
     runs = {r["node"]: r for r in await h.runs()}
-    assert "gpu-node-05" in runs and "gpu-node-04" not in runs
+    assert "gpu-node-05" in runs
+    assert "gpu-node-04" not in runs
     failures = await h.store.run("test", lambda tx: tx.guard_states("engine-failures:episode:"))
     assert [state["failures"] for state in failures.values()] == [1]
