@@ -90,7 +90,11 @@ class Settings(pydantic_settings.BaseSettings):
         default=30.0, gt=0, description="Lease on a running step; renewed every third of it."
     )
     max_concurrent_steps: int = pydantic.Field(
-        default=16, ge=1, le=1000, description="Steps this replica runs at the same time."
+        default=64,
+        ge=1,
+        le=1000,
+        description="Steps this replica runs at the same time (they mostly wait on the "
+        "cluster: a few long drains must not hold a storm's cordons back).",
     )
     shutdown_grace: float = pydantic.Field(
         default=20.0, ge=0, description="Seconds in-flight steps get to finish on SIGTERM."

@@ -53,7 +53,7 @@ class EngineSettings:
     is woken, and what arrives while one runs is gathered by the next (a busy engine batches
     by itself); a fixed pause only added its length to every alert's reaction."""
     lease_seconds: float = 30.0
-    max_concurrent_steps: int = 16
+    max_concurrent_steps: int = 64
     batch: int = 50
     dry_run: bool = False
     shutdown_grace: float = 20.0
@@ -269,19 +269,26 @@ class Engine:
             "episodes.peek", lambda tx: tx.lock_unhandled_episodes(self.settings.batch)
         )
         now = self.services.clock()
-        found: dict[int, lifecycle.Targets] = {}
-        for episode in episodes:
-            if episode.status is not alerts.AlertStatus.FIRING:
-                found[episode.id] = {}
-                continue
-            try:
-                found[episode.id] = await self._choose(episode, index, self._resolver)
-            except targeting.TargetUnavailable as e:
+        resolver = self._resolver
+        firing = [e for e in episodes if e.status is alerts.AlertStatus.FIRING]
+        # The cluster is asked about every episode of the batch at once (a storm's new nodes
+        # are each a read: one after the other, they were most of a pass's time).
+        answers = await asyncio.gather(
+            *(self._choose(episode, index, resolver) for episode in firing),
+            return_exceptions=True,
+        )
+        found: dict[int, lifecycle.Targets] = {e.id: {} for e in episodes if e not in firing}
+        for episode, answer in zip(firing, answers, strict=True):
+            if isinstance(answer, targeting.TargetUnavailable):
                 if now - episode.created_at < self.settings.targeting_wait:
-                    logger.warning("episode %s waits for its node: %s", episode.id, e)
+                    logger.warning("episode %s waits for its node: %s", episode.id, answer)
                     continue
-                failed = targeting_rules.Choice(node=None, reason=f"no node confirmed: {e}")
+                failed = targeting_rules.Choice(node=None, reason=f"no node confirmed: {answer}")
                 found[episode.id] = {p.name: failed for p in index.match(episode.labels)}
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                found[episode.id] = answer
         return found
 
     async def _choose(

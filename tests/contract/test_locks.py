@@ -99,3 +99,31 @@ async def test_the_lock_holder_is_the_active_run_holding_the_key(backend):
 
     await run(backend, end)  # a lock left behind by an ended run holds nothing
     assert await run(backend, lambda tx: tx.lock_holder("node:gpu-node-03")) is None
+
+
+async def test_held_keys_follow_the_transactions_own_locks_and_releases(backend):
+    _, run_id = await alert_run(backend)
+    _, other = await alert_run(backend, playbook="drain", node="gpu-node-04")
+    assert other is not None
+    assert other != run_id
+    await run(backend, lambda tx: tx.try_lock("slot:p:5", run_id=other, expires_at=None))
+
+    def within_one_transaction(tx):
+        seen = [tx.held_keys("slot:p:")]
+        tx.try_lock("slot:p:0", run_id=run_id, expires_at=None)
+        tx.try_lock("slot:p:5", run_id=run_id, expires_at=None)  # held by the other run
+        tx.try_lock("node:x", run_id=run_id, expires_at=None)
+        seen.append(tx.held_keys("slot:p:"))
+        tx.release_locks(["slot:p:0"])
+        seen.append(tx.held_keys("slot:p:"))
+        tx.try_lock("slot:p:1", run_id=run_id, expires_at=None)
+        tx.release_run_locks(other)
+        seen.append(tx.held_keys("slot:p:"))
+        return seen
+
+    assert await run(backend, within_one_transaction) == [
+        {"slot:p:5"},
+        {"slot:p:0", "slot:p:5"},
+        {"slot:p:5"},
+        {"slot:p:1"},
+    ]

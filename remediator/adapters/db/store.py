@@ -346,6 +346,7 @@ class SqlTx:
         self._episodes: dict[int, records.Episode] = {}
         self._steps: dict[int, records.Step] = {}
         self._steps_of: dict[int, list[records.Step]] = {}
+        self._held: dict[str, set[str]] = {}  # live lock keys by prefix, read once
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -415,6 +416,7 @@ class SqlTx:
 
     def _forget(self) -> None:
         self._fleet_guards.clear()
+        self._held.clear()
         self._runs.clear()
         self._episodes.clear()
         self._steps.clear()
@@ -980,22 +982,34 @@ class SqlTx:
             _TAKE_LOCK[self.db.is_postgres],
             {"key": key, "run_id": run_id, "acquired_at": self.now, "expires_at": expires_at},
         )
+        for prefix, held in self._held.items():  # taken now, or by someone else: held
+            if key.startswith(prefix):
+                held.add(key)
         return taken.one_or_none() is not None
 
     def release_run_locks(self, run_id: int) -> None:
         """Release what a finished run held, except expiring locks (cooldowns run their time)."""
+        self._held.clear()
         self.conn.execute(_RELEASE_RUN_LOCKS, {"w_run_id": run_id})
 
     def release_locks(self, keys: Iterable[str]) -> None:
-        self.conn.execute(sa.delete(L).where(L.c.key.in_(list(keys))))
+        keys = list(keys)
+        for held in self._held.values():
+            held.difference_update(keys)
+        self.conn.execute(sa.delete(L).where(L.c.key.in_(keys)))
 
     def held_keys(self, prefix: str) -> set[str]:
-        """Keys of live locks starting with ``prefix`` (one query, whatever their number)."""
-        query = sa.select(L.c.key).where(
-            L.c.key.startswith(prefix),
-            sa.or_(L.c.expires_at.is_(None), L.c.expires_at > self.now),
-        )
-        return {row.key for row in self.conn.execute(query)}
+        """Keys of live locks starting with ``prefix``: one query per transaction, whatever
+        their number (a storm starting hundreds of runs of one playbook read every slot
+        again for each), kept current by this transaction's own locks and releases."""
+        held = self._held.get(prefix)
+        if held is None:
+            query = sa.select(L.c.key).where(
+                L.c.key.startswith(prefix),
+                sa.or_(L.c.expires_at.is_(None), L.c.expires_at > self.now),
+            )
+            held = self._held[prefix] = {row.key for row in self.conn.execute(query)}
+        return set(held)
 
     def lock_holder(self, key: str) -> int | None:
         """The active run holding the live lock ``key``."""
