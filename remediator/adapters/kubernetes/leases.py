@@ -161,7 +161,7 @@ async def connect(
     """A lease with its own API client (closed by ``close``)."""
     configuration = await credentials.client_configuration(settings)
     return KubeLease(
-        ApiClient(configuration=configuration),
+        library.api_client(configuration),
         name=name,
         namespace=namespace or default_namespace(),
         request_timeout=min(settings.request_timeout, 5.0),

@@ -122,3 +122,24 @@ async def test_answers_are_read_as_plain_json_never_as_the_clients_models(
     with pytest.raises(port.Unavailable) as info:
         await cluster.list_nodes()
     assert (info.value.status, info.value.temporary) == (503, True)
+
+
+@pytest.mark.parametrize("proxy", [None, "HTTPS_PROXY", "http_proxy"])
+async def test_the_environment_is_read_per_request_only_when_it_names_a_proxy(
+    sim: testing.RunningSim, monkeypatch: pytest.MonkeyPatch, proxy: str | None
+) -> None:
+    """aiohttp's ``trust_env`` looked for proxies and read ``.netrc`` on a thread for every
+    request; without a proxy variable the client's session does not, and still works."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    if proxy is not None:
+        monkeypatch.setenv(proxy, "http://127.0.0.1:9")
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+        monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    kube = await kubernetes.connect(kube_config(sim))
+    try:
+        session = kube._api.rest_client.pool_manager
+        assert session.trust_env is (proxy is not None)
+        assert (await kube.get_node("gpu-node-01")).name == "gpu-node-01"
+    finally:
+        await kube.close()
