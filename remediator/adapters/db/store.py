@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, overload
 
@@ -176,6 +177,22 @@ def step_from_row(row: Any) -> records.Step:
 
 
 def _retry_policy(stored: dict[str, Any]) -> retry.RetryPolicy:
+    """The step's retry policy. A playbook's few policies are parsed once each (the model is
+    frozen): validating one for every step row read was a tenth of reading steps."""
+    try:
+        key = tuple(sorted((stored or {}).items()))
+        hash(key)
+    except TypeError:
+        return _parse_retry_policy(stored)
+    return _cached_retry_policy(key)
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_retry_policy(key: tuple[tuple[str, Any], ...]) -> retry.RetryPolicy:
+    return _parse_retry_policy(dict(key))
+
+
+def _parse_retry_policy(stored: dict[str, Any]) -> retry.RetryPolicy:
     try:
         return retry.RetryPolicy.model_validate(stored or {"max_attempts": 1})
     except ValueError:  # written by an older version with other fields: keep the attempts
