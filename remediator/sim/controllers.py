@@ -1,9 +1,16 @@
 """The controller loop: graceful termination, workload controllers, scheduler, kubelet start.
 
-Level-triggered, like the real controllers: every pass compares desired with observed state.
-A pass runs whenever a pod, node or workload changes (``Cluster.wake``) or a deadline (end of
-a grace period, end of a pod's start-up) comes due. Deadlines are in real seconds already
-multiplied by ``settings.time_scale``.
+Level-triggered, like the real controllers: a pass compares desired with observed state. A pass
+runs whenever a pod, node or workload changes (``Cluster.wake``) or a deadline (end of a grace
+period, end of a pod's start-up) comes due. Deadlines are in real seconds already multiplied by
+``settings.time_scale``.
+
+A pass visits what changed since the last one and what is due, as the real controllers work
+from their informers' events, never the whole fleet: the store indexes the pods with work left
+(terminating, unscheduled, starting) and pods by controller and by node; a store observer
+records which workloads had an object or one of their pods change and which nodes changed (a
+DaemonSet looks at those nodes only; the driver upgrade controller likewise). After the store's
+objects were replaced silently (``Store.epoch``) the next pass looks at everything.
 """
 
 from __future__ import annotations
@@ -15,10 +22,16 @@ import logging
 from typing import Any
 
 from remediator.sim import cluster as cluster_mod
-from remediator.sim import cuda, objects, reboots, upgrades
+from remediator.sim import cuda, objects, reboots, store, upgrades
 
 Obj = dict[str, Any]
+WorkloadKey = tuple[str, str, str]  # store key, namespace, name
 log = logging.getLogger(__name__)
+WORKLOADS = {
+    "ReplicaSet": "replicasets.apps",
+    "StatefulSet": "statefulsets.apps",
+    "DaemonSet": "daemonsets.apps",
+}
 
 
 class Controllers:
@@ -26,37 +39,77 @@ class Controllers:
         self.cluster = cluster
         self.terminate_at: dict[str, float] = {}  # pod uid -> loop time
         self.ready_at: dict[str, float] = {}
+        self._epoch: int | None = None  # the store's epoch at the last pass (None: no pass yet)
+        self._workloads: set[WorkloadKey] = set()
+        """Workloads changed, or one of their pods, since their controller last looked."""
+        self._daemonset_nodes: set[str] = set()
+        """Nodes changed, or a DaemonSet pod on them, since the DaemonSets last looked."""
+        self._upgrade_nodes: set[str] = set()
+        """Nodes changed since the driver upgrade controller last looked."""
+        cluster.store.observers.append(self._observe)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            self.cluster.wake.clear()
-            try:
-                self.reconcile(loop.time())
-            except Exception:  # a bad object must not stop the simulated cluster
-                log.exception("controller pass failed")
-                await asyncio.sleep(0.1)
-            deadlines = [*self.terminate_at.values(), *self.ready_at.values()]
-            timeout = max(0.0, min(deadlines) - loop.time()) if deadlines else None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.cluster.wake.wait(), timeout)
+        try:
+            while True:
+                self.cluster.wake.clear()
+                try:
+                    self.reconcile(loop.time())
+                except Exception:  # a bad object must not stop the simulated cluster
+                    log.exception("controller pass failed")
+                    self._epoch = None  # what the failed pass had taken is looked at again
+                    await asyncio.sleep(0.1)
+                deadlines = [*self.terminate_at.values(), *self.ready_at.values()]
+                timeout = max(0.0, min(deadlines) - loop.time()) if deadlines else None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.cluster.wake.wait(), timeout)
+        finally:
+            with contextlib.suppress(ValueError):
+                self.cluster.store.observers.remove(self._observe)
+
+    def _observe(self, change: store.Change) -> None:
+        """Note what a change gives the controllers to look at (the informers' event handlers)."""
+        if change.store_key == "nodes":
+            name = change.obj["metadata"]["name"]
+            self._daemonset_nodes.add(name)
+            self._upgrade_nodes.add(name)
+        elif change.store_key == "pods":
+            for pod in (change.obj, change.old):  # the owner it had and the one it has
+                if pod is not None:
+                    self._observe_pod(pod)
+        elif change.store_key in WORKLOADS.values():
+            meta = change.obj["metadata"]
+            self._workloads.add((change.store_key, meta.get("namespace", ""), meta["name"]))
+
+    def _observe_pod(self, pod: Obj) -> None:
+        ref = objects.controller_of(pod)
+        store_key = WORKLOADS.get(ref.get("kind", "")) if ref is not None else None
+        if ref is None or store_key is None:
+            return
+        node = (pod.get("spec") or {}).get("nodeName")
+        if store_key == "daemonsets.apps" and node:
+            self._daemonset_nodes.add(node)
+            return
+        self._workloads.add((store_key, pod["metadata"].get("namespace", ""), ref.get("name", "")))
 
     def reconcile(self, now: float) -> None:
+        full = self._epoch != self.cluster.store.epoch
+        self._epoch = self.cluster.store.epoch
         self.finish_terminations(now)
-        self.reconcile_workloads()
+        self.reconcile_workloads(full=full)
         self.schedule()
         self.start_pods(now)
-        upgrades.reconcile(self.cluster)
+        nodes, self._upgrade_nodes = self._upgrade_nodes, set()
+        waiting = upgrades.reconcile(self.cluster, None if full else sorted(nodes))
+        self._upgrade_nodes.update(waiting)
 
     # ---- termination -------------------------------------------------------------------
 
     def finish_terminations(self, now: float) -> None:
         st = self.cluster.store
         live = set()
-        for pod in list(st.iter("pods")):
+        for pod in list(st.iter_pod_set("terminating")):
             meta = pod["metadata"]
-            if not meta.get("deletionTimestamp"):
-                continue
             uid = meta["uid"]
             live.add(uid)
             grace = float(meta.get("deletionGracePeriodSeconds") or 0)
@@ -70,37 +123,68 @@ class Controllers:
 
     # ---- workload controllers ----------------------------------------------------------
 
-    def reconcile_workloads(self) -> None:
+    def reconcile_workloads(self, *, full: bool = True) -> None:
+        """Replace missing pods: of every workload (``full``), else of the workloads that
+        changed or had a pod change, and DaemonSet pods on the nodes that changed."""
         st = self.cluster.store
-        pods_by_owner: dict[str, list[Obj]] = {}
-        for pod in st.iter("pods"):
-            ref = objects.controller_of(pod)
-            if ref is not None:
-                pods_by_owner.setdefault(ref["uid"], []).append(pod)
-        for rs in list(st.iter("replicasets.apps")):
-            owned = pods_by_owner.get(rs["metadata"]["uid"], [])
+        changed, self._workloads = self._workloads, set()
+        nodes, self._daemonset_nodes = self._daemonset_nodes, set()
+
+        def workloads(store_key: str) -> list[Obj]:
+            if full:
+                return list(st.iter(store_key))
+            found = (st.peek(*key) for key in sorted(changed) if key[0] == store_key)
+            return [obj for obj in found if obj is not None]
+
+        for rs in workloads("replicasets.apps"):
+            owned = st.iter_pods_of_owner(rs["metadata"]["uid"])
             active = [p for p in owned if not p["metadata"].get("deletionTimestamp")]
             for _ in range(int(rs["spec"].get("replicas", 1)) - len(active)):
                 name = f"{rs['metadata']['name']}-{objects.random_suffix()}"
                 self._create_pod(rs, name)
-        for ss in list(st.iter("statefulsets.apps")):
-            names = {p["metadata"]["name"] for p in pods_by_owner.get(ss["metadata"]["uid"], [])}
+        for ss in workloads("statefulsets.apps"):
+            names = {p["metadata"]["name"] for p in st.iter_pods_of_owner(ss["metadata"]["uid"])}
             for ordinal in range(int(ss["spec"].get("replicas", 1))):
                 name = f"{ss['metadata']['name']}-{ordinal}"
                 if name not in names and st.get("pods", ss["metadata"]["namespace"], name) is None:
                     self._create_pod(ss, name)
-        for ds in list(st.iter("daemonsets.apps")):
+        whole = workloads("daemonsets.apps")
+        for ds in whole:  # a DaemonSet that changed (or had an unbound pod) looks at every node
             covered = {
-                p["spec"].get("nodeName") for p in pods_by_owner.get(ds["metadata"]["uid"], [])
+                p["spec"].get("nodeName") for p in st.iter_pods_of_owner(ds["metadata"]["uid"])
             }
-            selector = ds["spec"]["template"].get("spec", {}).get("nodeSelector") or {}
             for node in list(st.iter("nodes")):
-                labels = node["metadata"].get("labels") or {}
-                name = node["metadata"]["name"]
-                if name in covered or not cluster_mod._selects(selector, labels):
-                    continue
-                pod_name = f"{ds['metadata']['name']}-{objects.random_suffix()}"
-                self._create_pod(ds, pod_name, node_name=name)
+                self._place_daemon(ds, node, covered=node["metadata"]["name"] in covered)
+        if nodes:
+            self._daemons_on(sorted(nodes), skip={ds["metadata"]["uid"] for ds in whole})
+
+    def _daemons_on(self, nodes: list[str], skip: set[str]) -> None:
+        """The DaemonSets (but those in ``skip``, already done) look at ``nodes`` only."""
+        st = self.cluster.store
+        daemonsets = [ds for ds in st.iter("daemonsets.apps") if ds["metadata"]["uid"] not in skip]
+        if not daemonsets:
+            return
+        for name in nodes:
+            node = st.peek("nodes", "", name)
+            if node is None:
+                continue
+            owners = set()
+            for pod in st.iter_pods_on_node(name):
+                ref = objects.controller_of(pod)
+                if ref is not None:
+                    owners.add(ref.get("uid"))
+            for ds in daemonsets:
+                self._place_daemon(ds, node, covered=ds["metadata"]["uid"] in owners)
+
+    def _place_daemon(self, ds: Obj, node: Obj, *, covered: bool) -> None:
+        """Create ``ds``'s pod on ``node`` unless it has one there or does not select it."""
+        selector = ds["spec"]["template"].get("spec", {}).get("nodeSelector") or {}
+        labels = node["metadata"].get("labels") or {}
+        name = node["metadata"]["name"]
+        if covered or not cluster_mod._selects(selector, labels):
+            return
+        pod_name = f"{ds['metadata']['name']}-{objects.random_suffix()}"
+        self._create_pod(ds, pod_name, node_name=name)
 
     def _create_pod(self, owner: Obj, name: str, node_name: str | None = None) -> None:
         pod = objects.pod_from_template(
@@ -123,12 +207,7 @@ class Controllers:
 
     def schedule(self) -> None:
         st = self.cluster.store
-        pending = [
-            p
-            for p in st.iter("pods")
-            if not p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
-        ]
-        for pod in pending:
+        for pod in list(st.iter_pod_set("unscheduled")):
             node_name, message = self.pick_node(pod)
             meta = pod["metadata"]
             if node_name is not None:
@@ -204,15 +283,9 @@ class Controllers:
     def start_pods(self, now: float) -> None:
         st = self.cluster.store
         seen = set()
-        for pod in list(st.iter("pods")):
+        for pod in list(st.iter_pod_set("starting")):
             meta = pod["metadata"]
-            node_name = pod["spec"].get("nodeName")
-            if (
-                not node_name
-                or meta.get("deletionTimestamp")
-                or pod.get("status", {}).get("phase") != "Pending"
-            ):
-                continue
+            node_name = pod["spec"]["nodeName"]
             uid = meta["uid"]
             if self._pull_fails(pod):
                 continue

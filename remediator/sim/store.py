@@ -14,13 +14,16 @@ import copy
 import dataclasses
 import datetime
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal
 
 from remediator.sim import errors, resources
 
 Obj = dict[str, Any]
 Hook = Callable[[str, str, Obj], None]
+Key = tuple[str, str]
+PodSet = Literal["terminating", "unscheduled", "starting"]
+POD_SETS: tuple[PodSet, ...] = ("terminating", "unscheduled", "starting")
 Objects = dict[str, list[Obj]]
 """Objects by store key, as ``Store.dump`` returns them."""
 HISTORY = 2000
@@ -71,9 +74,19 @@ class Store:
         self.history: collections.deque[Change] = collections.deque(maxlen=HISTORY)
         self.watchers: set[Watcher] = set()
         self.hooks: list[Hook] = []
+        self.observers: list[Callable[[Change], None]] = []
+        """Called with every change (the object before and after), after the hooks."""
         self._pods_by_node: dict[str, set[tuple[str, str]]] = {}
         """Pod keys by ``spec.nodeName`` ("" for unbound pods), kept up to date on every pod
         change (``_emit``): a pod written never costs a pass over every pod."""
+        self._pods_by_owner: dict[str, set[Key]] = {}
+        """Pod keys by the uid of their controller (``ownerReferences[].controller``)."""
+        self._pod_sets: dict[PodSet, set[Key]] = {which: set() for which in POD_SETS}
+        """Pod keys by what the controller loop has to do with them (``pod_set``): a pass
+        visits the pods it has work for, never every pod of the fleet."""
+        self.epoch = 0
+        """Bumped when every object is replaced silently (``clear``, ``load``): whoever follows
+        changes through hooks has to look at everything again."""
         self.scanned = 0
         """Objects looked at by reads (``iter``, ``iter_pods_on_node``) since the start: how
         tests tell a lookup by index from a scan of a whole collection."""
@@ -116,20 +129,51 @@ class Store:
             if namespace is None or key[0] == namespace:
                 yield bucket[key]
 
+    def iter_pods_of_owner(self, uid: str) -> Iterator[Obj]:
+        """Pods whose controller (``ownerReferences[].controller``) has ``uid``, by index."""
+        yield from self._iter_pods(self._pods_by_owner.get(uid, ()))
+
+    def iter_pod_set(self, which: PodSet) -> Iterator[Obj]:
+        """Pods the controller loop has work for, by index (see ``pod_set``)."""
+        yield from self._iter_pods(self._pod_sets[which])
+
+    def _iter_pods(self, keys: Iterable[Key]) -> Iterator[Obj]:
+        bucket = self._objects["pods"]
+        for key in sorted(keys):
+            self.scanned += 1
+            yield bucket[key]
+
+    def peek(self, store_key: str, namespace: str, name: str) -> Obj | None:
+        """``get`` without the copy: callers must not mutate the object."""
+        self.scanned += 1
+        return self._objects[store_key].get((namespace, name))
+
     def _index_pod(self, obj: Obj | None, *, add: bool) -> None:
         if obj is None:
             return
         meta = obj["metadata"]
         node = (obj.get("spec") or {}).get("nodeName") or ""
         key = (meta.get("namespace", ""), meta["name"])
+        owner = _controller_uid(obj)
+        which = pod_set(obj)
         if add:
             self._pods_by_node.setdefault(node, set()).add(key)
+            if owner is not None:
+                self._pods_by_owner.setdefault(owner, set()).add(key)
+            if which is not None:
+                self._pod_sets[which].add(key)
             return
-        keys = self._pods_by_node.get(node)
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
-                del self._pods_by_node[node]
+        _discard(self._pods_by_node, node, key)
+        if owner is not None:
+            _discard(self._pods_by_owner, owner, key)
+        if which is not None:
+            self._pod_sets[which].discard(key)
+
+    def _reset_indexes(self) -> None:
+        self._pods_by_node = {}
+        self._pods_by_owner = {}
+        self._pod_sets = {which: set() for which in POD_SETS}
+        self.epoch += 1
 
     # ---- writing ---------------------------------------------------------------------
 
@@ -226,7 +270,7 @@ class Store:
     def clear(self) -> None:
         self._objects.clear()
         self.history.clear()
-        self._pods_by_node = {}
+        self._reset_indexes()
 
     def dump(self) -> Objects:
         """Every object by store key (for a state file); the history is not kept."""
@@ -241,7 +285,7 @@ class Store:
         no hooks, an empty history (watches from an older resource version get 410)."""
         self._objects.clear()
         self.history.clear()
-        self._pods_by_node = {}
+        self._reset_indexes()
         for store_key, items in objects.items():
             res = resources.by_store_key(store_key)
             for obj in items:
@@ -272,6 +316,8 @@ class Store:
                 watcher.queue.put_nowait(change)
         for hook in list(self.hooks):
             hook(store_key, kind, obj)
+        for observer in list(self.observers):
+            observer(change)
 
     def watch(self, store_key: str, namespace: str | None, since: str | None) -> Watcher:
         """Start a watch. ``since`` empty/"0": synthetic ADDED for current objects first."""
@@ -295,3 +341,31 @@ class Store:
                     watcher.queue.put_nowait(change)
         self.watchers.add(watcher)
         return watcher
+
+
+def pod_set(pod: Obj) -> PodSet | None:
+    """What the controller loop has to do with ``pod``: finish its termination, schedule it,
+    start it (bound and ``Pending``), or nothing."""
+    if pod["metadata"].get("deletionTimestamp"):
+        return "terminating"
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return "unscheduled"
+    if (pod.get("status") or {}).get("phase") == "Pending":
+        return "starting"
+    return None
+
+
+def _controller_uid(obj: Obj) -> str | None:
+    for ref in obj["metadata"].get("ownerReferences") or []:
+        if ref.get("controller"):
+            uid = ref.get("uid")
+            return uid if isinstance(uid, str) else None
+    return None
+
+
+def _discard(index: dict[str, set[Key]], name: str, key: Key) -> None:
+    keys = index.get(name)
+    if keys is not None:
+        keys.discard(key)
+        if not keys:
+            del index[name]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 from remediator.sim import cluster as cluster_mod
@@ -58,9 +59,8 @@ def _set_state(cluster: cluster_mod.Cluster, node: str, state: str) -> None:
 def _driver_pods(cluster: cluster_mod.Cluster, node: str) -> list[Obj]:
     return [
         pod
-        for pod in cluster.store.iter("pods")
-        if pod.get("spec", {}).get("nodeName") == node
-        and not pod["metadata"].get("deletionTimestamp")
+        for pod in cluster.store.iter_pods_on_node(node)
+        if not pod["metadata"].get("deletionTimestamp")
         and any(pod["metadata"].get("labels", {}).get(k) == v for k, v in DRIVER_LABELS.items())
     ]
 
@@ -94,17 +94,26 @@ async def upgrade(cluster: cluster_mod.Cluster, node: str) -> None:
         _active.setdefault(cluster, set()).discard(node)
 
 
-def reconcile(cluster: cluster_mod.Cluster) -> None:
-    """Start an upgrade of every node newly labelled ``upgrade-required`` (a controller pass)."""
+def reconcile(cluster: cluster_mod.Cluster, nodes: Iterable[str] | None = None) -> list[str]:
+    """Start an upgrade of every node newly labelled ``upgrade-required`` (a controller pass):
+    of ``nodes`` (those that changed since the last pass), or of every node. Returns the nodes
+    labelled while their last upgrade is still going, to be looked at again next pass."""
     active = _active.setdefault(cluster, set())
-    for node in cluster.store.iter("nodes"):
+    st = cluster.store
+    found = st.iter("nodes") if nodes is None else (st.peek("nodes", "", n) for n in nodes)
+    waiting = []
+    for node in found:
+        if node is None or node["metadata"].get("labels", {}).get(STATE) != "upgrade-required":
+            continue
         name = node["metadata"]["name"]
-        if node["metadata"].get("labels", {}).get(STATE) != "upgrade-required" or name in active:
+        if name in active:
+            waiting.append(name)
             continue
         active.add(name)
         task = asyncio.get_running_loop().create_task(upgrade(cluster, name))
         _tasks.add(task)
         task.add_done_callback(_tasks.discard)
+    return waiting
 
 
 def request(cluster: cluster_mod.Cluster, node: str, version: str | None) -> bool:
