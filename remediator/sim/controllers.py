@@ -77,6 +77,10 @@ class Controllers:
             for pod in (change.obj, change.old):  # the owner it had and the one it has
                 if pod is not None:
                     self._observe_pod(pod)
+            if change.type == "DELETED":  # a StatefulSet waits for its ordinal's name to be free
+                meta = change.obj["metadata"]
+                owner = meta["name"].rpartition("-")[0]
+                self._workloads.add(("statefulsets.apps", meta.get("namespace", ""), owner))
         elif change.store_key in WORKLOADS.values():
             meta = change.obj["metadata"]
             self._workloads.add((change.store_key, meta.get("namespace", ""), meta["name"]))

@@ -129,3 +129,20 @@ def test_a_node_labelled_for_a_daemonset_gets_its_pod_from_the_label_change(flee
     visited = st.scanned  # the node, the DaemonSets, the pods still starting (new ones too)
     assert len(_driver_pods(cluster, "cpu-node-1")) == 1
     assert visited <= 16  # of 2,000 nodes and 4,000 pods
+
+
+def test_a_stateful_set_takes_its_ordinal_back_when_a_pod_not_its_own_frees_the_name():
+    cluster = sim_cluster.Cluster(sim_fleet.generate(3))
+    db = sim_fleet.Workload(
+        kind="StatefulSet", name="db", containers=[sim_fleet.Container(name="main")]
+    )
+    sim_cluster.seed_workload(cluster, db)
+    loop = sim_controllers.Controllers(cluster)
+    loop.reconcile(0.0)
+    st = cluster.store
+    st.mutate("pods", "default", "db-0", lambda p: p["metadata"].pop("ownerReferences"))
+    loop.reconcile(1.0)
+    assert sim_cluster.objects.controller_of(st.must_get("pods", "default", "db-0")) is None
+    st.delete("pods", "default", "db-0")
+    loop.reconcile(2.0)
+    assert sim_cluster.objects.controller_of(st.must_get("pods", "default", "db-0")) is not None
