@@ -260,7 +260,8 @@ def test_keep_running_keeps_everything_up_after_a_failed_scenario_until_ctrl_c()
             if "data " in line and "server log" in line:  # the last line of the list
                 break
         text = "".join(out)
-        assert "demo failed: act 1" in text
+        # some act cannot end within 0.1 s (the first ones may: the engine reacts in less)
+        assert re.search(r"demo failed: act \d+ \(.*\) did not end as expected within 0\.1 s", text)
         assert "Everything stays up until Ctrl-C" in text
         server = re.search(r"console\s+(http://127\.0\.0\.1:\d+)/", text)
         assert server
