@@ -108,3 +108,51 @@ async def test_metrics_count_failing_passes_in_a_row_until_one_completes():
     assert sample("remediator_engine_pass_failures_total", {"reason": "store_unavailable"}) == 1
     assert sample("remediator_engine_consecutive_pass_failures") == 0
     assert sample("remediator_engine_last_success_timestamp_seconds") == NOW.timestamp()
+
+
+class SlowFleet:
+    """A cluster whose node list answers only when the test lets it."""
+
+    gpu_node_selector = ""
+
+    def __init__(self) -> None:
+        self.answer = asyncio.Event()
+        self.lists = 0
+
+    async def list_nodes(self, selector: str = "") -> list[types.SimpleNamespace]:
+        self.lists += 1
+        await self.answer.wait()
+        self.answer.clear()
+        return [types.SimpleNamespace(name=f"gpu-{self.lists}", labels={})]
+
+
+async def test_passes_wait_for_the_gpu_node_list_only_when_it_is_missing_or_too_old():
+    """Listing every GPU node is renewed in the background from two thirds of its refresh
+    age: a pass in between goes on with the list it has (5,000 nodes held a pass a quarter of
+    a second); a pass waits only for the first list or one older than the refresh age."""
+    now = [NOW]
+    cluster = SlowFleet()
+    engine = _engine(FlakyStore(), observe.NullObserver())
+    engine.services.cluster = cluster  # type: ignore[assignment]
+    engine.services.clock = lambda: now[0]
+    first = asyncio.create_task(engine._fleet())
+    await asyncio.sleep(0.01)
+    assert not first.done()  # nothing listed yet: it waits
+    cluster.answer.set()
+    assert list(await first) == ["gpu-1"]
+
+    now[0] += dt.timedelta(seconds=11)  # past two thirds of the 15 s: renewed, not waited for
+    assert list(await asyncio.wait_for(engine._fleet(), 1)) == ["gpu-1"]
+    assert cluster.lists == 2
+    assert list(await asyncio.wait_for(engine._fleet(), 1)) == ["gpu-1"]
+    assert cluster.lists == 2  # one renewal at a time
+    cluster.answer.set()
+    await asyncio.sleep(0.01)
+    assert list(await asyncio.wait_for(engine._fleet(), 1)) == ["gpu-2"]
+
+    now[0] += dt.timedelta(seconds=16)  # too old: this pass waits for the new list
+    late = asyncio.create_task(engine._fleet())
+    await asyncio.sleep(0.01)
+    assert not late.done()
+    cluster.answer.set()
+    assert list(await late) == ["gpu-3"]
