@@ -127,6 +127,10 @@ class Engine:
         """Passes until ``stop``. A pass that raises never ends the loop: the next poll tries
         again, and the observer counts the failures (``/readyz`` turns not-ready on a streak)."""
         failures = 0  # in a row: the first logs its traceback, the rest one line each
+        # The GPU node list before the first alert, not in front of it (a large fleet's list
+        # took the first pass half a second).
+        with contextlib.suppress(Exception):
+            await self._fleet()
         while not self._stopping:
             try:
                 busy = await self.tick()

@@ -40,6 +40,10 @@ NAMESPACED_PDBS = "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
 _PDB_CAUSE = re.compile(r"disruption budget (?P<name>[a-z0-9][-a-z0-9.]*)", re.IGNORECASE)
 
 
+#: Items per page of a list (kubectl's ``--chunk-size`` default).
+PAGE = 500
+
+
 class KubeCluster:
     def __init__(self, settings: config_mod.KubernetesConfig, configuration: Configuration) -> None:
         self.settings = settings
@@ -160,8 +164,11 @@ class KubeCluster:
         *,
         field_selector: str = "",
         label_selector: str = "",
-        limit: int | None = None,
+        limit: int | None = PAGE,
     ) -> list[dict[str, Any]]:
+        """Every item, in pages of ``limit`` (as kubectl lists): one answer for a 5,000-node
+        fleet was a quarter of a second of JSON on the event loop, every webhook and step
+        waiting behind it; between pages the loop serves them."""
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
