@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
+from collections.abc import Iterator
 
 import pytest
 
@@ -360,6 +362,27 @@ async def test_runs_on_the_same_gpu_never_overlap(make_engine):
     assert h.gate.applied == ["hold"] * 3
 
 
+@contextlib.contextmanager
+def transactions(h) -> Iterator[list[str]]:
+    """The store's transactions while the block runs, by operation (reads as ``read:op``)."""
+    seen: list[str] = []
+    run_tx, read_tx = h.store.run, h.store.read
+
+    async def counted_run(operation, work):
+        seen.append(operation)
+        return await run_tx(operation, work)
+
+    async def counted_read(operation, work):
+        seen.append(f"read:{operation}")
+        return await read_tx(operation, work)
+
+    h.store.run, h.store.read = counted_run, counted_read
+    try:
+        yield seen
+    finally:
+        h.store.run, h.store.read = run_tx, read_tx
+
+
 GATE_THEN_RECORD = """
 name: two-steps
 match: {alertname: GPUXidError79}
@@ -375,25 +398,16 @@ async def test_one_pass_turns_a_new_alert_into_its_claimed_first_step(make_engin
     passes one poll interval apart."""
     h = make_engine(GATE_THEN_RECORD)
     await h.fire()
-    operations: list[str] = []
-    run_tx, read_tx = h.store.run, h.store.read
-
-    async def counted_run(operation, work):
-        operations.append(operation)
-        return await run_tx(operation, work)
-
-    async def counted_read(operation, work):
-        operations.append(f"read:{operation}")
-        return await read_tx(operation, work)
-
-    h.store.run, h.store.read = counted_run, counted_read
-    assert await h.engine.tick()
-    [run] = h.runs()
-    assert (run.status, h.statuses(run.id)) == (runs.RunStatus.RUNNING, ["running", "pending"])
-    await asyncio.wait_for(h.gate.entered.wait(), 5)  # already on its way, with no other pass
+    with transactions(h) as operations:
+        assert await h.engine.tick()
+        [run] = h.runs()
+        assert (run.status, h.statuses(run.id)) == (
+            runs.RunStatus.RUNNING,
+            ["running", "pending"],
+        )
+        await asyncio.wait_for(h.gate.entered.wait(), 5)  # on its way, with no other pass
     # ...by one transaction: the step's context was read by the claim, not by a read of its own
     assert operations == ["pass"]
-    h.store.run, h.store.read = run_tx, read_tx
 
 
 async def test_steps_that_finish_together_are_recorded_in_one_transaction(make_engine):
@@ -404,21 +418,13 @@ async def test_steps_that_finish_together_are_recorded_in_one_transaction(make_e
         await h.fire(node=node)
     await h.engine.tick()
     assert len(h.engine._in_flight) == 4
-    operations: list[str] = []
-    run = h.store.run
-
-    async def counted(operation, work):
-        operations.append(operation)
-        return await run(operation, work)
-
-    h.store.run = counted
-    h.gate.gate.set()
-    await h.engine.wait_in_flight()
+    with transactions(h) as operations:
+        h.gate.gate.set()
+        await h.engine.wait_in_flight()
     # the four first steps in one transaction (which claimed the four second steps), then
     # the four second steps in another
     assert operations == ["step.finish", "step.finish"]
     assert all(h.statuses(r.id) == ["succeeded", "succeeded"] for r in h.runs())
-    h.store.run = run
     await h.settle()
     assert {r.status for r in h.runs()} == {runs.RunStatus.SUCCEEDED}
     assert h.store.verify().ok
@@ -433,17 +439,9 @@ async def test_a_runs_next_step_starts_from_the_transaction_that_recorded_the_on
     h = make_engine(GATE_THEN_RECORD)
     await h.fire()
     await h.engine.tick()
-    operations: list[str] = []
-    run_tx = h.store.run
-
-    async def counted(operation, work):
-        operations.append(operation)
-        return await run_tx(operation, work)
-
-    h.store.run = counted
-    h.gate.gate.set()
-    await h.engine.wait_in_flight()
-    h.store.run = run_tx
+    with transactions(h) as operations:
+        h.gate.gate.set()
+        await h.engine.wait_in_flight()
     [run] = h.runs()
     assert (run.status, h.statuses(run.id)) == (
         runs.RunStatus.SUCCEEDED,
