@@ -53,7 +53,6 @@ class Gate:
     index: playbooks.PlaybookIndex
     disruptive_actions: frozenset[str]
     fleet: dict[str, dict[str, str]] | None  # GPU node name → labels; None when unknown
-    tripped: list[str] = dataclasses.field(default_factory=list)
     # Pool sizes per pool label, counted once per gate (a decision is O(1), not O(fleet)).
     _pools: dict[str, collections.Counter[str | None]] = dataclasses.field(
         default_factory=dict, repr=False
@@ -102,7 +101,8 @@ class Gate:
         verdict = guards.decide(config, snapshot, node=run.node, now=tx.now)
         if verdict.trips_breaker and not snapshot.breaker_open:
             open_breaker(tx, verdict.reason)
-            self.tripped.append(verdict.reason)
+            if report is not None:  # announced once the decision is committed
+                report.breaker_opened.append(verdict.reason)
         if not verdict.go:
             lifecycle.hold_step(
                 tx,

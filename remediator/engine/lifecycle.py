@@ -77,15 +77,17 @@ class Report:
     finished: list[records.Run] = dataclasses.field(default_factory=list)
     notices: list[Notice] = dataclasses.field(default_factory=list)
     quarantined: list[str] = dataclasses.field(default_factory=list)  # kinds of units
+    breaker_opened: list[str] = dataclasses.field(default_factory=list)  # why, once each
 
-    def mark(self) -> tuple[int, int, int]:
-        return self.runs_created, len(self.finished), len(self.notices)
+    def mark(self) -> tuple[int, int, int, int]:
+        return self.runs_created, len(self.finished), len(self.notices), len(self.breaker_opened)
 
-    def rewind(self, mark: tuple[int, int, int]) -> None:
+    def rewind(self, mark: tuple[int, int, int, int]) -> None:
         """Forget what a unit whose writes were rolled back reported."""
         self.runs_created = mark[0]
         del self.finished[mark[1] :]
         del self.notices[mark[2] :]
+        del self.breaker_opened[mark[3] :]
 
 
 def handle_episode(

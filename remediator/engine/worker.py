@@ -86,7 +86,6 @@ class _Pass:
     started: bool = False
     advanced: bool = False
     claimed: list[executor.Claimed] = dataclasses.field(default_factory=list)
-    tripped: list[str] = dataclasses.field(default_factory=list)
 
 
 class Engine:
@@ -107,7 +106,6 @@ class Engine:
         )
         self.runner.on_report = self.publish
         self.runner.follow_up = self._follow_up
-        self._tripped: list[str] = []  # breaker trips by follow-ups, announced after commit
         self._wake = asyncio.Event()
         self._in_flight: dict[int, asyncio.Task[None]] = {}
         self._gpu_nodes: tuple[dt.datetime, dict[str, dict[str, str]]] | None = None
@@ -283,7 +281,9 @@ class Engine:
             *(self._choose(episode, index, resolver) for episode in firing),
             return_exceptions=True,
         )
-        found: dict[int, lifecycle.Targets] = {e.id: {} for e in episodes if e not in firing}
+        found: dict[int, lifecycle.Targets] = {
+            e.id: {} for e in episodes if e.status is not alerts.AlertStatus.FIRING
+        }
         for episode, answer in zip(firing, answers, strict=True):
             if isinstance(answer, targeting.TargetUnavailable):
                 if now - episode.created_at < self.settings.targeting_wait:
@@ -394,7 +394,6 @@ class Engine:
         """Claim due steps (the guards admit disruptive ones) and load what each one acts
         on, so its runner starts at once, with no transaction of its own to read it."""
         until = lifecycle.lease_until(tx.now, self.settings.lease_seconds)
-        gate.tripped.clear()  # (an attempt rolled back may have tripped it: it trips again)
         for n, step in enumerate(tx.lock_due_steps(room)):
             if n and tx.should_yield():
                 break  # still due: the next pass claims it
@@ -407,14 +406,10 @@ class Engine:
             )
             if moved is not None:
                 done.claimed.append(executor.load_claimed(tx, moved))
-        done.tripped += gate.tripped
-        gate.tripped.clear()
 
     async def _after(self, done: _Pass) -> None:
         """What follows a committed pass: metrics and notices, then the claimed steps run."""
         await self.publish(done.report)
-        for reason in done.tripped:
-            await self._announce_breaker(reason)
         await self._silence([claimed.step for claimed in done.claimed])
         for claimed in done.claimed:
             step = claimed.step
@@ -508,6 +503,8 @@ class Engine:
         for notice in report.notices:
             observer.notice(notice.kind)
             await self._tell(notice)
+        for reason in report.breaker_opened:
+            await self._announce_breaker(reason)
 
     async def _tell(self, notice: lifecycle.Notice) -> None:
         where = f" on node {notice.node}" if notice.node else ""
@@ -556,9 +553,6 @@ class Engine:
                     task = self._in_flight.pop(step.id, None)
                     if task is not None:
                         self._in_flight[current.step.id] = task
-                    for reason in self._tripped:
-                        await self._announce_breaker(reason)
-                    self._tripped.clear()
                     await self._silence([current.step])
         except errors.StoreUnavailable as e:
             logger.warning("step %s outcome not recorded (%s); its lease will expire", step.id, e)
@@ -591,15 +585,13 @@ class Engine:
             disruptive_actions=self.disruptive_actions,
             fleet=fleet,
         )
-        claimed = isolation.run_unit(
+        return isolation.run_unit(
             tx,
             f"advance:{run.id}",
             functools.partial(self._next_step, tx, run, gate, report),
             quarantine=self._quarantine_run(tx, run.id, report),
             report=report,
         )
-        self._tripped += gate.tripped
-        return claimed
 
     def _next_step(
         self, tx: store.Tx, run: records.Run, gate: guarding.Gate, report: lifecycle.Report

@@ -165,3 +165,25 @@ async def test_a_pass_admitting_a_burst_reads_the_fleets_guard_state_once(make_h
     assert len(reads) == 1
     assert len(disrupted(h)) == 10
     assert len(await _held(h)) == 2
+
+
+async def test_a_breaker_a_steps_outcome_trips_is_announced_though_its_next_step_is_held(
+    make_harness,
+):
+    """The cordons follow their notes in the transactions that record the notes; the first
+    trips the breaker and is held with the other. The trip is announced once, after that
+    commit, like a trip in a pass (it rode on the engine and was said only if some later
+    outcome's next step started)."""
+    notifier = FakeNotifier()
+    h = await make_harness(
+        DISRUPTIVE, notifier=notifier, guards={"max_nodes": 5, "max_disruptive_runs": 1}
+    )
+    for i in range(2):
+        await h.post(alert_body(node=f"gpu-node-{i:02d}"))
+    await h.settle()
+    assert disrupted(h) == []
+    notes = [r for r in h.records() if r["kind"] == "apply" and r["label"].startswith("note-")]
+    assert len(notes) == 2
+    opened = [n for n in notifier.sent if n["data"]["event"] == "breaker_opened"]
+    assert len(opened) == 1
+    assert "circuit breaker opened" in opened[0]["message"]
