@@ -143,10 +143,6 @@ def load_claimed(tx: store.Tx, step: records.Step) -> Claimed:
     return Claimed(step, run, episode, dict(original.output) if original else {})
 
 
-def _load_claimed(step: records.Step, tx: store.Tx) -> Claimed:
-    return load_claimed(tx, step)
-
-
 class _Recorder:
     """Records finished steps' outcomes with group commit: outcomes that arrive while one
     transaction records earlier ones go together into the next, each in a savepoint of its
@@ -308,8 +304,8 @@ class StepRunner:
     async def _context(
         self, step: records.Step, progress: dict[str, Any], claimed: Claimed | None
     ) -> tuple[records.Run, actions.ActionContext, bool]:
-        if claimed is None or claimed.step.id != step.id:
-            claimed = await self.services.store.read("load", functools.partial(_load_claimed, step))
+        if claimed is None:
+            claimed = await self.services.store.read("load", lambda tx: load_claimed(tx, step))
         run, episode, applied = claimed.run, claimed.episode, claimed.applied_output
 
         async def report(update: dict[str, Any]) -> None:

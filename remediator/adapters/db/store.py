@@ -180,11 +180,9 @@ def _retry_policy(stored: dict[str, Any]) -> retry.RetryPolicy:
     """The step's retry policy. A playbook's few policies are parsed once each (the model is
     frozen): validating one for every step row read was a tenth of reading steps."""
     try:
-        key = tuple(sorted((stored or {}).items()))
-        hash(key)
-    except TypeError:
+        return _cached_retry_policy(tuple(sorted((stored or {}).items())))
+    except TypeError:  # a value that cannot be a cache key (a list): parsed as it is
         return _parse_retry_policy(stored)
-    return _cached_retry_policy(key)
 
 
 @functools.lru_cache(maxsize=512)

@@ -195,7 +195,7 @@ class KubeCluster:
         namespace: str | None = None,
         field_selector: str = "",
         label_selector: str = "",
-        page_size: int = 500,
+        page_size: int = PAGE,
     ) -> list[port.PodInfo]:
         if namespace:
             items = await self._list(

@@ -130,18 +130,22 @@ async def call(
     *,
     params: Mapping[str, str] | None = None,
     query: Query = (),
+    body: Any = None,
     accept: str = JSON,
+    content_type: str | None = None,
     timeout: float | None = None,
 ) -> Any:
     """``ApiClient.call_api`` as the generated API classes call it (path parameters quoted,
     the bearer token, the client's host, TLS and session), the answer unread: an aiohttp
     response, or for a ``WsApiClient`` the websocket connection to await."""
+    headers = {"Accept": accept} | ({"Content-Type": content_type} if content_type else {})
     return await api.call_api(
         path,
         method,
         dict(params or {}),
         list(query),
-        {"Accept": accept},
+        headers,
+        body=body,
         auth_settings=["BearerToken"],
         _preload_content=False,
         _request_timeout=timeout,
@@ -161,16 +165,15 @@ async def call_json(
 ) -> dict[str, Any]:
     """One request, its answer read as plain JSON (never built into the client's models). A
     non-2xx answer raises the client's ``ApiException``, as a generated API method would."""
-    response = await api.call_api(
-        path,
+    response = await call(
+        api,
         method,
-        dict(params or {}),
-        list(query),
-        {"Accept": JSON, "Content-Type": content_type},
+        path,
+        params=params,
+        query=query,
         body=body,
-        auth_settings=["BearerToken"],
-        _preload_content=False,
-        _request_timeout=timeout,
+        content_type=content_type,
+        timeout=timeout,
     )
     try:
         data = await response.read()
