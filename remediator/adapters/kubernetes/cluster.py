@@ -49,6 +49,7 @@ class KubeCluster:
         self.settings = settings
         self._configuration = configuration
         self._api = library.api_client(configuration)
+        self.page_size = PAGE
         self._ws: WsApiClient | None = None
         self._retrier = transport.Retrier(
             max_seconds=settings.retry_max_seconds, attempts=settings.retry_attempts
@@ -164,11 +165,11 @@ class KubeCluster:
         *,
         field_selector: str = "",
         label_selector: str = "",
-        limit: int | None = PAGE,
+        limit: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Every item, in pages of ``limit`` (as kubectl lists): one answer for a 5,000-node
-        fleet was a quarter of a second of JSON on the event loop, every webhook and step
-        waiting behind it; between pages the loop serves them."""
+        """Every item, in pages of ``limit`` (else ``page_size``, as kubectl lists): one answer
+        for a 5,000-node fleet was a quarter of a second of JSON on the event loop, every
+        webhook and step waiting behind it; between pages the loop serves them."""
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
@@ -177,8 +178,7 @@ class KubeCluster:
                 query.append(("fieldSelector", field_selector))
             if label_selector:
                 query.append(("labelSelector", label_selector))
-            if limit is not None:
-                query.append(("limit", limit))
+            query.append(("limit", limit or self.page_size))
 
             async def fetch(query: list[tuple[str, Any]] = query) -> dict[str, Any]:
                 return await self._json("GET", path, params or {}, query=query)
