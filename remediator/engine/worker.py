@@ -50,7 +50,7 @@ class RulesSource(Protocol):
 class EngineSettings:
     poll_interval: float = 1.0
     min_pass_interval: float = 0.0
-    """A pause after each pass before the next. None by default: a pass starts as soon as it
+    """A pause after each pass before the next, none by default: a pass starts as soon as it
     is woken, and what arrives while one runs is gathered by the next (a busy engine batches
     by itself); a fixed pause only added its length to every alert's reaction."""
     lease_seconds: float = 30.0

@@ -156,3 +156,14 @@ async def test_passes_wait_for_the_gpu_node_list_only_when_it_is_missing_or_too_
     assert not late.done()
     cluster.answer.set()
     assert list(await late) == ["gpu-3"]
+
+
+async def test_the_gpu_node_list_is_read_before_the_first_alert():
+    """An idle engine lists the GPU nodes when it starts, so the first alert's pass does not
+    wait for a large fleet's list."""
+    cluster = SlowFleet()
+    cluster.answer.set()
+    engine = _engine(FlakyStore(), observe.NullObserver())
+    engine.services.cluster = cluster  # type: ignore[assignment]
+    await _run_until(engine, lambda: engine._gpu_nodes is not None)
+    assert cluster.lists == 1
