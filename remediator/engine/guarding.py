@@ -9,25 +9,21 @@ advances, claims of other steps, outcomes) runs side by side across replicas. A
 held step stays pending with a later due time and its reason in its output; a new reason is
 reported once, so on-call hears which guard holds it.
 
-The node labels the driver-upgrade guard reads come from the GPU node list the worker keeps
-(listed again at most every ``FLEET_REFRESH``), so a hold starts or ends within that time of
-the label changing; a held step is rechecked every ``recheck``.
+The node labels the driver-upgrade guard reads, and the fleet the percentage and per-pool
+budgets count, come from the cluster's GPU node watch (``Cluster.gpu_fleet``), so a hold
+starts or ends as soon as the watch reports the label change and a held step is next
+rechecked (every ``recheck``).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from remediator.domain import errors, guards, playbooks, records, runs
+from remediator.domain import guards, playbooks, records, runs
 from remediator.engine import lifecycle
 from remediator.ports import cluster as cluster_port
 from remediator.ports import store
-
-#: How long the worker's list of GPU nodes and their labels is used before it is listed again.
-FLEET_REFRESH = dt.timedelta(seconds=15)
 
 
 def guard_config(
@@ -52,11 +48,7 @@ class Gate:
     base: guards.GuardConfig
     index: playbooks.PlaybookIndex
     disruptive_actions: frozenset[str]
-    fleet: dict[str, dict[str, str]] | None  # GPU node name → labels; None when unknown
-    # Pool sizes per pool label, counted once per gate (a decision is O(1), not O(fleet)).
-    _pools: dict[str, collections.Counter[str | None]] = dataclasses.field(
-        default_factory=dict, repr=False
-    )
+    fleet: cluster_port.FleetSnapshot | None  # GPU node name → labels; None when unknown
 
     def scope(self, config: guards.GuardConfig, node: str | None) -> tuple[str | None, int | None]:
         """The node's pool (when the budget is per pool) and how many GPU nodes it holds."""
@@ -65,14 +57,11 @@ class Gate:
         label = config.pool_label
         if label is None or node is None:
             return None, len(self.fleet)
-        sizes = self._pools.get(label)
-        if sizes is None:
-            sizes = collections.Counter(labels.get(label) for labels in self.fleet.values())
-            self._pools[label] = sizes
+        # pool sizes are counted once per snapshot: a decision is O(1), not O(fleet)
         pool = self.fleet.get(node, {}).get(label)
-        return pool, sizes[pool]
+        return pool, self.fleet.pool_sizes(label)[pool]
 
-    def labels(self, node: str | None) -> dict[str, str] | None:
+    def labels(self, node: str | None) -> Mapping[str, str] | None:
         """The node's labels as last listed (a driver upgrade in progress holds it)."""
         if self.fleet is None or node is None:
             return None
@@ -136,15 +125,12 @@ class StoreBudget:
         self.index = index
         self.cluster = cluster
 
-    async def _fleet(self) -> dict[str, dict[str, str]] | None:
+    async def _fleet(self) -> cluster_port.FleetSnapshot | None:
         cluster = self.cluster()
         if cluster is None:
             return None
-        try:
-            nodes = await cluster.list_nodes(cluster.gpu_node_selector)
-        except errors.RemediatorError:
-            return None  # as the gate does: the percentage cap is then not applied
-        return {node.name: dict(node.labels) for node in nodes}
+        fleet = await cluster.gpu_fleet()  # as the gate: None, the percentage cap not applied
+        return None if fleet is None else fleet.snapshot()
 
     async def take(self, node: str, *, run_id: int, playbook: str) -> guards.Verdict:
         index = self.index()

@@ -295,9 +295,8 @@ class Previewer:
         fleet = None
         if self.cluster is not None:
             try:
-                selector = getattr(self.cluster, "gpu_node_selector", "")
-                nodes = await self.cluster.list_nodes(selector)
-                fleet = {n.name: dict(n.labels) for n in nodes}
+                watched = await self.cluster.gpu_fleet()
+                fleet = None if watched is None else watched.snapshot()
             except Exception:  # the plan still shows everything else
                 fleet = None
         gates = {

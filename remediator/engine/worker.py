@@ -108,8 +108,7 @@ class Engine:
         self.runner.follow_up = self._follow_up
         self._wake = asyncio.Event()
         self._in_flight: dict[int, asyncio.Task[None]] = {}
-        self._gpu_nodes: tuple[dt.datetime, dict[str, dict[str, str]]] | None = None
-        self._fleet_listing: asyncio.Task[None] | None = None
+        self._gpu_fleet: cluster_port.GpuFleet | None = None
         self._resolver: targeting.NodeResolver | None = None
         self._silence_check = 0.0
         self._woken = False
@@ -125,8 +124,8 @@ class Engine:
         """Passes until ``stop``. A pass that raises never ends the loop: the next poll tries
         again, and the observer counts the failures (``/readyz`` turns not-ready on a streak)."""
         failures = 0  # in a row: the first logs its traceback, the rest one line each
-        # The GPU node list before the first alert, not in front of it (a large fleet's list
-        # took the first pass half a second).
+        # The GPU nodes listed (and their watch started) before the first alert, not in front
+        # of it (a large fleet's list took the first pass half a second).
         with contextlib.suppress(Exception):
             await self._fleet()
         while not self._stopping:
@@ -461,35 +460,20 @@ class Engine:
     def disruptive_actions(self) -> frozenset[str]:
         return frozenset(a.name for a in self.services.registry.all() if a.disruptive)
 
-    async def _fleet(self) -> dict[str, dict[str, str]] | None:
+    async def _fleet(self) -> cluster_port.FleetSnapshot | None:
         """The GPU nodes and their labels (for percentage and per-pool budgets and the
-        driver-upgrade hold), never older than ``guarding.FLEET_REFRESH``; ``None`` without a
-        cluster or while it cannot be listed. The list is renewed in the background from two
-        thirds of that age, so a pass waits for it only at start or when a renewal is late
-        (listing 5,000 nodes held a pass, and every alert behind it, a quarter of a second
-        every 15 s)."""
+        driver-upgrade hold) as the cluster's node watch keeps them: listed once when the
+        engine starts, then changed as the watch reports, never listed per pass (listing
+        5,800 nodes every 15 s held a pass, and every alert behind it, 150 ms). ``None``
+        without a cluster or while its nodes could never be listed."""
         cluster = self.services.cluster
         if cluster is None:
             return None
-        age = None if self._gpu_nodes is None else self.services.clock() - self._gpu_nodes[0]
-        listing = self._fleet_listing
-        renew = age is None or age > guarding.FLEET_REFRESH * 2 / 3
-        if renew and (listing is None or listing.done()):
-            listing = self._fleet_listing = asyncio.create_task(
-                self._list_fleet(cluster), name="gpu-node-list"
-            )
-        if listing is not None and (age is None or age > guarding.FLEET_REFRESH):
-            await asyncio.shield(listing)
-        return None if self._gpu_nodes is None else self._gpu_nodes[1]
-
-    async def _list_fleet(self, cluster: cluster_port.Cluster) -> None:
-        listed_at = self.services.clock()
-        try:
-            nodes = await cluster.list_nodes(getattr(cluster, "gpu_node_selector", ""))
-        except errors.RemediatorError as e:
-            logger.warning("cannot list GPU nodes (%s); percentage budget not applied", e)
-            return
-        self._gpu_nodes = (listed_at, {node.name: dict(node.labels) for node in nodes})
+        if self._gpu_fleet is None:
+            self._gpu_fleet = await cluster.gpu_fleet()
+            if self._gpu_fleet is None:
+                logger.warning("cannot list GPU nodes; percentage budget not applied")
+        return None if self._gpu_fleet is None else self._gpu_fleet.snapshot()
 
     async def publish(self, report: lifecycle.Report) -> None:
         """After a transaction committed: metrics, and what on-call should hear about."""
@@ -573,9 +557,9 @@ class Engine:
             return None  # a retry stays with its due time; a stopping worker claims nothing
         fleet = None
         if self.services.cluster is not None:
-            if self._gpu_nodes is None:
+            if self._gpu_fleet is None:
                 return None  # the guards cannot count the fleet yet: the next pass does it
-            fleet = self._gpu_nodes[1]
+            fleet = self._gpu_fleet.snapshot()
         run = tx.get_run(finished.run_id)
         if run is None or run.status is not runs.RunStatus.RUNNING:
             return None
@@ -668,8 +652,6 @@ class Engine:
         """Stop claiming; let in-flight steps finish within the grace period; hand back the rest."""
         self._stopping = True
         self.wake()
-        if self._fleet_listing is not None:
-            self._fleet_listing.cancel()
         if not self._in_flight:
             return
         tasks = list(self._in_flight.values())

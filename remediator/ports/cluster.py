@@ -10,11 +10,13 @@ one of the ``ClusterError`` classes below. Every failure that may pass if tried 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import enum
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from remediator.domain import errors
@@ -233,6 +235,78 @@ class ObjectRef:
     api_version: str = "v1"
 
 
+# ---- the GPU fleet as a watch keeps it ----------------------------------------------------
+
+
+class FleetSnapshot(Mapping[str, Mapping[str, str]]):
+    """The GPU nodes (name → labels) at one moment, never changed after: what the guards count
+    in a decision (the budget's percentage, pool sizes, the driver-upgrade hold)."""
+
+    def __init__(self, labels: dict[str, Mapping[str, str]]) -> None:
+        self._labels = labels
+        self._pools: dict[str, collections.Counter[str | None]] = {}
+
+    def __getitem__(self, name: str) -> Mapping[str, str]:
+        return self._labels[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._labels)
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def pool_sizes(self, label: str) -> collections.Counter[str | None]:
+        """GPU nodes per value of ``label`` (``None``: nodes without it), counted once per
+        snapshot; a snapshot lives until the fleet's labels change, not one per decision."""
+        sizes = self._pools.get(label)
+        if sizes is None:
+            sizes = collections.Counter(labels.get(label) for labels in self._labels.values())
+            self._pools[label] = sizes
+        return sizes
+
+
+class GpuFleet:
+    """The GPU nodes and their labels, kept current by whoever watches them (the adapter's
+    node watch: one list, then each change, never a list per decision). Written on the event
+    loop, read from engine transactions on a worker thread: ``snapshot`` is the only read, a
+    consistent copy made once per change of labels."""
+
+    def __init__(self, labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        self._labels: dict[str, Mapping[str, str]] = dict(labels or {})
+        self._lock = threading.Lock()
+        self._snapshot: FleetSnapshot | None = None
+        self.changes = 0
+        """Label changes seen since the first list (a node added, removed or relabelled)."""
+
+    def replace(self, labels: Mapping[str, Mapping[str, str]]) -> None:
+        """Everything, as a fresh list shows it."""
+        with self._lock:
+            if labels != self._labels:
+                self._labels = dict(labels)
+                self._changed()
+
+    def put(self, name: str, labels: Mapping[str, str]) -> None:
+        with self._lock:
+            if self._labels.get(name) != labels:
+                self._labels[name] = labels
+                self._changed()
+
+    def remove(self, name: str) -> None:
+        with self._lock:
+            if self._labels.pop(name, None) is not None:
+                self._changed()
+
+    def _changed(self) -> None:
+        self._snapshot = None
+        self.changes += 1
+
+    def snapshot(self) -> FleetSnapshot:
+        with self._lock:
+            if self._snapshot is None:
+                self._snapshot = FleetSnapshot(dict(self._labels))
+            return self._snapshot
+
+
 # ---- the port ---------------------------------------------------------------------------
 
 
@@ -256,6 +330,12 @@ class Cluster(Protocol):
     async def get_node(self, name: str) -> NodeInfo: ...
 
     async def list_nodes(self, label_selector: str = "") -> list[NodeInfo]: ...
+
+    async def gpu_fleet(self) -> GpuFleet | None:
+        """The nodes matching ``gpu_node_selector``, kept current from then on (the first
+        call lists them and starts the watch, later calls return at once); ``None`` while
+        they could never be listed."""
+        ...
 
     async def patch_node(
         self,

@@ -9,6 +9,7 @@ table: anything granted but unused, or used but not granted, fails.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import inspect
 import re
@@ -159,6 +160,7 @@ async def _exercise_cluster(cluster: kubernetes.KubeCluster, store: Any) -> dict
     return {
         "get_node": lambda: cluster.get_node(node),
         "list_nodes": lambda: cluster.list_nodes(cluster.gpu_node_selector),
+        "gpu_fleet": lambda: _watch_fleet(cluster, store, node),
         "patch_node": lambda: cluster.patch_node(node, labels={"x": "y"}),
         "replace_node_taints": lambda: _replace_taints(cluster, node),
         "list_pods": lambda: _list_pods(cluster, ns, node),
@@ -189,6 +191,18 @@ PROBE_POD = {
     "metadata": {"name": "rbac-probe"},
     "spec": {"containers": [{"name": "c", "image": "busybox"}]},
 }
+
+
+async def _watch_fleet(cluster: kubernetes.KubeCluster, store: Any, node: str) -> Any:
+    """The GPU node list, then its watch: done once the watch has brought a label change."""
+    fleet = await cluster.gpu_fleet()
+    assert fleet is not None
+    store.mutate("nodes", "", node, lambda obj: obj["metadata"]["labels"].update(rbac="watched"))
+    for _ in range(500):
+        if fleet.snapshot()[node].get("rbac") == "watched":
+            return fleet
+        await asyncio.sleep(0.01)
+    raise AssertionError("the node watch never brought the label change")
 
 
 async def _replace_taints(cluster: kubernetes.KubeCluster, node: str) -> Any:

@@ -14,13 +14,13 @@ import contextlib
 import datetime as dt
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import aiohttp
 
 from remediator.adapters.kubernetes import config as config_mod
-from remediator.adapters.kubernetes import convert, library, streams, transport
+from remediator.adapters.kubernetes import convert, informer, library, streams, transport
 from remediator.adapters.kubernetes.library import Configuration, WsApiClient
 from remediator.ports import cluster as port
 
@@ -55,6 +55,7 @@ class KubeCluster:
             max_seconds=settings.retry_max_seconds, attempts=settings.retry_attempts
         )
         self._timeout = settings.request_timeout
+        self._informer: informer.NodeInformer | None = None
 
     # ---- configuration ----------------------------------------------------------------
 
@@ -80,15 +81,59 @@ class KubeCluster:
     # ---- nodes ------------------------------------------------------------------------
 
     async def get_node(self, name: str) -> port.NodeInfo:
+        """A GPU node from the watch's cache once ``gpu_fleet`` started it (see ``informer``:
+        every write carries a resourceVersion precondition); any other from the API server."""
+        if self._informer is not None and (cached := self._informer.get(name)) is not None:
+            return cached
         obj = await self._retrier.call(
             f"get node {name}",
             lambda: self._json("GET", NODE, {"name": name}),
         )
-        return convert.node(obj)
+        return self._seen(convert.node(obj))
 
     async def list_nodes(self, label_selector: str = "") -> list[port.NodeInfo]:
-        items = await self._list("list nodes", NODES, label_selector=label_selector)
+        items, _ = await self._list("list nodes", NODES, label_selector=label_selector)
         return [convert.node(i) for i in items]
+
+    async def gpu_fleet(self) -> port.GpuFleet | None:
+        if self._informer is None:
+            selector = self.settings.gpu_node_selector
+            self._informer = informer.NodeInformer(
+                selector=selector,
+                lister=lambda: self._list("list GPU nodes", NODES, label_selector=selector),
+                watcher=lambda version: self._watch(NODES, version, label_selector=selector),
+            )
+        return self._informer.fleet if await self._informer.ready() else None
+
+    def _watch(
+        self, path: str, version: str, *, label_selector: str = ""
+    ) -> AsyncIterator[dict[str, Any]]:
+        query: list[tuple[str, Any]] = [
+            ("resourceVersion", version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", informer.WATCH_SECONDS),
+        ]
+        if label_selector:
+            query.append(("labelSelector", label_selector))
+        timeout = aiohttp.ClientTimeout(
+            sock_connect=self._timeout, sock_read=informer.WATCH_SECONDS + self._timeout
+        )
+        return library.watch(self._api, path, query=query, timeout=timeout)
+
+    def _seen(self, node: port.NodeInfo) -> port.NodeInfo:
+        if self._informer is not None:
+            self._informer.observe(node)
+        return node
+
+    @contextlib.contextmanager
+    def _writing(self, name: str) -> Iterator[None]:
+        """Around a write to node ``name``: a conflict shows the cached copy is stale."""
+        try:
+            yield
+        except port.Conflict:
+            if self._informer is not None:
+                self._informer.forget(name)
+            raise
 
     async def patch_node(
         self,
@@ -112,11 +157,12 @@ class KubeCluster:
             # strategic merge, as kubectl cordon does
             body["spec"] = {"unschedulable": True if unschedulable else None}
             patch = STRATEGIC_MERGE_PATCH
-        obj = await self._retrier.call(
-            f"patch node {name}",
-            lambda: self._json("PATCH", NODE, {"name": name}, body=body, content_type=patch),
-        )
-        return convert.node(obj)
+        with self._writing(name):
+            obj = await self._retrier.call(
+                f"patch node {name}",
+                lambda: self._json("PATCH", NODE, {"name": name}, body=body, content_type=patch),
+            )
+        return self._seen(convert.node(obj))
 
     async def replace_node_taints(
         self, name: str, taints: list[port.Taint], *, resource_version: str
@@ -125,11 +171,14 @@ class KubeCluster:
             "metadata": {"resourceVersion": resource_version},
             "spec": {"taints": [t.as_dict() for t in taints]},
         }
-        obj = await self._retrier.call(
-            f"replace taints of node {name}",
-            lambda: self._json("PATCH", NODE, {"name": name}, body=body, content_type=MERGE_PATCH),
-        )
-        return convert.node(obj)
+        with self._writing(name):
+            obj = await self._retrier.call(
+                f"replace taints of node {name}",
+                lambda: self._json(
+                    "PATCH", NODE, {"name": name}, body=body, content_type=MERGE_PATCH
+                ),
+            )
+        return self._seen(convert.node(obj))
 
     # ---- pods -------------------------------------------------------------------------
 
@@ -166,10 +215,11 @@ class KubeCluster:
         field_selector: str = "",
         label_selector: str = "",
         limit: int | None = None,
-    ) -> list[dict[str, Any]]:
-        """Every item, in pages of ``limit`` (else ``page_size``, as kubectl lists): one answer
-        for a 5,000-node fleet was a quarter of a second of JSON on the event loop, every
-        webhook and step waiting behind it; between pages the loop serves them."""
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Every item, in pages of ``limit`` (else ``page_size``, as kubectl lists), and the
+        list's resourceVersion: one answer for a 5,000-node fleet was a quarter of a second of
+        JSON on the event loop, every webhook and step waiting behind it; between pages the
+        loop serves them."""
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
@@ -185,9 +235,10 @@ class KubeCluster:
 
             page = await self._retrier.call(what, fetch)
             items.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue")
+            meta = page.get("metadata") or {}
+            token = meta.get("continue")
             if not token:
-                return items
+                return items, str(meta.get("resourceVersion") or "")
 
     async def list_pods(
         self,
@@ -198,7 +249,7 @@ class KubeCluster:
         page_size: int = PAGE,
     ) -> list[port.PodInfo]:
         if namespace:
-            items = await self._list(
+            items, _ = await self._list(
                 f"list pods in {namespace}",
                 NAMESPACED_PODS,
                 {"namespace": namespace},
@@ -207,7 +258,7 @@ class KubeCluster:
                 limit=page_size,
             )
         else:
-            items = await self._list(
+            items, _ = await self._list(
                 "list pods",
                 PODS,
                 field_selector=field_selector,
@@ -307,13 +358,13 @@ class KubeCluster:
 
     async def list_pdbs(self, namespace: str | None = None) -> list[port.PdbInfo]:
         if namespace:
-            items = await self._list(
+            items, _ = await self._list(
                 f"list poddisruptionbudgets in {namespace}",
                 NAMESPACED_PDBS,
                 {"namespace": namespace},
             )
         else:
-            items = await self._list("list poddisruptionbudgets", PDBS)
+            items, _ = await self._list("list poddisruptionbudgets", PDBS)
         return [convert.pdb(i) for i in items]
 
     async def find_driver_pod(
@@ -427,6 +478,8 @@ class KubeCluster:
             raise port.ExecTimedOut(f"{what}: no result after {timeout:g}s") from e
 
     async def close(self) -> None:
+        if self._informer is not None:
+            await self._informer.close()
         await self._api.close()
         if self._ws is not None:
             await self._ws.close()

@@ -22,7 +22,7 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 DEFERRED = (
@@ -93,6 +93,7 @@ __all__ = [
     "call_json",
     "load_incluster_config",
     "load_kube_config",
+    "watch",
 ]
 
 JSON = "application/json"
@@ -133,7 +134,7 @@ async def call(
     body: Any = None,
     accept: str = JSON,
     content_type: str | None = None,
-    timeout: float | None = None,
+    timeout: float | aiohttp.ClientTimeout | None = None,
 ) -> Any:
     """``ApiClient.call_api`` as the generated API classes call it (path parameters quoted,
     the bearer token, the client's host, TLS and session), the answer unread: an aiohttp
@@ -179,10 +180,37 @@ async def call_json(
         data = await response.read()
     finally:
         response.release()
+    _raise_for_status(response, data)
+    found = json.loads(data) if data else {}
+    return found if isinstance(found, dict) else {}
+
+
+async def watch(
+    api: ApiClient,
+    path: str,
+    *,
+    query: Query = (),
+    timeout: aiohttp.ClientTimeout | None = None,
+) -> AsyncIterator[dict[str, Any]]:
+    """A watch request's events as plain JSON, one per line of the answer, until the server
+    ends it (``timeout``'s read timeout bounds a silent connection)."""
+    response = await call(api, "GET", path, query=[*query, ("watch", "true")], timeout=timeout)
+    try:
+        if not 200 <= response.status <= 299:
+            _raise_for_status(response, await response.read())
+        async for line in response.content:
+            if line.strip():
+                event = json.loads(line)
+                if isinstance(event, dict):
+                    yield event
+    finally:
+        response.release()
+
+
+def _raise_for_status(response: aiohttp.ClientResponse, data: bytes) -> None:
+    """A non-2xx answer as the client's ``ApiException``, as a generated API method raises it."""
     if not 200 <= response.status <= 299:
-        error = ApiException(status=response.status, reason=response.reason)
+        error: Any = ApiException(status=response.status, reason=response.reason)
         error.body = data.decode("utf-8", "replace")
         error.headers = response.headers
         raise error
-    found = json.loads(data) if data else {}
-    return found if isinstance(found, dict) else {}

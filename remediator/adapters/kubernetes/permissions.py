@@ -37,6 +37,7 @@ def _c(resource: str, verb: str, scope: Scope = "cluster", group: str = "") -> C
 CLUSTER_CALLS: dict[str, tuple[Call, ...]] = {
     "get_node": (_c("nodes", "get"),),
     "list_nodes": (_c("nodes", "list"),),
+    "gpu_fleet": (_c("nodes", "list"), _c("nodes", "watch")),
     "patch_node": (_c("nodes", "patch"),),
     "replace_node_taints": (_c("nodes", "patch"),),
     "list_pods": (_c("pods", "list"),),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import types
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from remediator.adapters import metrics
 from remediator.domain import errors, playbooks, records
 from remediator.engine import executor, worker
 from remediator.ports import actions, observe
+from remediator.ports import cluster as cluster_port
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 IDLE = records.Probe(episodes=False, expired=False, startable=False, advance=False, due=False)
@@ -110,60 +112,57 @@ async def test_metrics_count_failing_passes_in_a_row_until_one_completes():
     assert sample("remediator_engine_last_success_timestamp_seconds") == NOW.timestamp()
 
 
-class SlowFleet:
-    """A cluster whose node list answers only when the test lets it."""
+class WatchedFleet:
+    """A cluster whose GPU nodes are kept by a watch: ``gpu_fleet`` answers only when the
+    test lets it (the first list), then the test changes the fleet as a watch would."""
 
     gpu_node_selector = ""
 
     def __init__(self) -> None:
         self.answer = asyncio.Event()
-        self.lists = 0
+        self.fleet = cluster_port.GpuFleet({"gpu-1": {}})
+        self.calls = 0
 
-    async def list_nodes(self, selector: str = "") -> list[types.SimpleNamespace]:
-        self.lists += 1
+    async def gpu_fleet(self) -> cluster_port.GpuFleet:
+        self.calls += 1
         await self.answer.wait()
-        self.answer.clear()
-        return [types.SimpleNamespace(name=f"gpu-{self.lists}", labels={})]
+        return self.fleet
+
+    async def list_nodes(self, selector: str = "") -> list[Any]:
+        raise AssertionError("the engine lists no nodes: the watch keeps them")
 
 
-async def test_passes_wait_for_the_gpu_node_list_only_when_it_is_missing_or_too_old():
-    """Listing every GPU node is renewed in the background from two thirds of its refresh
-    age: a pass in between goes on with the list it has (5,000 nodes held a pass a quarter of
-    a second); a pass waits only for the first list or one older than the refresh age."""
-    now = [NOW]
-    cluster = SlowFleet()
+async def test_passes_read_the_watched_fleet_and_never_list_it():
+    """The first pass waits for the GPU nodes to be listed; from then on every pass reads
+    the fleet the cluster's watch keeps (a label change is seen by the next pass), and the
+    fleet is never listed again (listing 5,800 nodes every 15 s held a pass 150 ms)."""
+    cluster = WatchedFleet()
     engine = _engine(FlakyStore(), observe.NullObserver())
     engine.services.cluster = cluster  # type: ignore[assignment]
-    engine.services.clock = lambda: now[0]
     first = asyncio.create_task(engine._fleet())
     await asyncio.sleep(0.01)
     assert not first.done()  # nothing listed yet: it waits
     cluster.answer.set()
-    assert list(await first) == ["gpu-1"]
+    assert dict(await first) == {"gpu-1": {}}
 
-    now[0] += dt.timedelta(seconds=11)  # past two thirds of the 15 s: renewed, not waited for
-    assert list(await asyncio.wait_for(engine._fleet(), 1)) == ["gpu-1"]
-    assert cluster.lists == 2
-    assert list(await asyncio.wait_for(engine._fleet(), 1)) == ["gpu-1"]
-    assert cluster.lists == 2  # one renewal at a time
-    cluster.answer.set()
-    await asyncio.sleep(0.01)
-    assert list(await asyncio.wait_for(engine._fleet(), 1)) == ["gpu-2"]
-
-    now[0] += dt.timedelta(seconds=16)  # too old: this pass waits for the new list
-    late = asyncio.create_task(engine._fleet())
-    await asyncio.sleep(0.01)
-    assert not late.done()
-    cluster.answer.set()
-    assert list(await late) == ["gpu-3"]
+    cluster.fleet.put("gpu-2", {"pool": "a"})
+    cluster.fleet.put("gpu-1", {"pool": "b"})
+    seen = await engine._fleet()
+    assert dict(seen) == {"gpu-1": {"pool": "b"}, "gpu-2": {"pool": "a"}}
+    assert seen.pool_sizes("pool") == {"a": 1, "b": 1}
+    assert await engine._fleet() is seen  # nothing changed: the same snapshot
+    cluster.fleet.remove("gpu-2")
+    assert list(await engine._fleet()) == ["gpu-1"]
+    assert dict(seen) == {"gpu-1": {"pool": "b"}, "gpu-2": {"pool": "a"}}  # never changed
+    assert cluster.calls == 1
 
 
-async def test_the_gpu_node_list_is_read_before_the_first_alert():
-    """An idle engine lists the GPU nodes when it starts, so the first alert's pass does not
-    wait for a large fleet's list."""
-    cluster = SlowFleet()
+async def test_the_gpu_nodes_are_listed_before_the_first_alert():
+    """An idle engine asks for the GPU nodes when it starts, so the first alert's pass does
+    not wait for a large fleet's list."""
+    cluster = WatchedFleet()
     cluster.answer.set()
     engine = _engine(FlakyStore(), observe.NullObserver())
     engine.services.cluster = cluster  # type: ignore[assignment]
-    await _run_until(engine, lambda: engine._gpu_nodes is not None)
-    assert cluster.lists == 1
+    await _run_until(engine, lambda: engine._gpu_fleet is not None)
+    assert cluster.calls == 1

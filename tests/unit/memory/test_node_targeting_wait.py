@@ -38,7 +38,10 @@ class Cluster:
         raise port.NotFound("no such pod", status=404)
 
     async def list_nodes(self, label_selector: str = "") -> list[Any]:
-        return []  # the fleet budget's count: none known
+        return []
+
+    async def gpu_fleet(self) -> None:
+        return None  # the fleet budget's count: none known
 
 
 async def test_an_unanswering_cluster_delays_the_episode_then_fails_its_runs_with_a_notice(
