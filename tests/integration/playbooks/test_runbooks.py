@@ -323,7 +323,8 @@ async def test_fleet_health_sweep_costs_one_exec_per_node_and_a_fixed_number_of_
     assert all(not n.get("error") for n in report["nodes"])
     requests = dict(sim.cluster.requests)
     assert requests.pop("create pods/exec") == len(nodes)
-    assert requests.pop("list nodes") <= 2  # the sweep's, and the engine's periodic fleet view
+    assert requests.pop("list nodes") <= 2  # the sweep's, and the engine's first fleet list
+    assert requests.pop("watch nodes", 0) <= 1  # the engine's fleet view, kept by a watch
     assert requests.pop("list pods") == 2  # the driver pods, and every pod for allocations
     assert requests == {}  # no reads per node (get nodes, list pods on a node)
     # The simulator looks at each object a bounded number of times for the whole sweep.
@@ -354,4 +355,5 @@ async def test_fleet_health_sweep_looks_again_when_the_listed_driver_pod_is_gone
     assert not nodes["gpu-node-02"].get("error"), nodes["gpu-node-02"]
     assert len(nodes["gpu-node-02"]["gpus"]) == 8
     assert sim.cluster.requests["create pods/exec"] == 5  # four nodes, one of them twice
-    assert sim.cluster.requests["get nodes"] == 1  # the look-up of that one node
+    # the look-up of that one node reads it from the GPU node watch, not the API server
+    assert sim.cluster.requests["get nodes"] == 0
