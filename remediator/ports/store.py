@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from typing import Any, Protocol, TypeVar, overload
 
 from remediator.domain import guards, records, transitions
@@ -125,7 +126,11 @@ class Tx(Protocol):
 
     def release_run_locks(self, run_id: int) -> None: ...
     def release_locks(self, keys: Iterable[str]) -> None: ...
-    def held_keys(self, prefix: str) -> set[str]: ...
+    def held_keys(self, prefix: str) -> AbstractSet[str]:
+        """Live lock keys starting with ``prefix`` (read-only; may change with the
+        transaction's own locks and releases)."""
+        ...
+
     def lock_holder(self, key: str) -> int | None:
         """The active run holding the live lock ``key`` (None: free, lapsed, or held by no
         run, such as a cooldown)."""

@@ -10,6 +10,7 @@ import contextlib
 import datetime as dt
 import functools
 from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from typing import Any, TypeVar, overload
 
 import sqlalchemy as sa
@@ -79,8 +80,10 @@ _DROP_EXPIRED_LOCK = sa.delete(L).where(
     L.c.expires_at.is_not(None),
     L.c.expires_at <= sa.bindparam("w_now", type_=tables.UTCDateTime()),
 )
-_RELEASE_RUN_LOCKS = sa.delete(L).where(
-    L.c.run_id == sa.bindparam("w_run_id"), L.c.expires_at.is_(None)
+_RELEASE_RUN_LOCKS = (
+    sa.delete(L)
+    .where(L.c.run_id == sa.bindparam("w_run_id"), L.c.expires_at.is_(None))
+    .returning(L.c.key)
 )
 # Dialect-specific upserts, one per backend: (SQLite, Postgres).
 _TAKE_LOCK = tuple(
@@ -1004,8 +1007,9 @@ class SqlTx:
 
     def release_run_locks(self, run_id: int) -> None:
         """Release what a finished run held, except expiring locks (cooldowns run their time)."""
-        self._held.clear()
-        self.conn.execute(_RELEASE_RUN_LOCKS, {"w_run_id": run_id})
+        released = [row.key for row in self.conn.execute(_RELEASE_RUN_LOCKS, {"w_run_id": run_id})]
+        for held in self._held.values():
+            held.difference_update(released)
 
     def release_locks(self, keys: Iterable[str]) -> None:
         keys = list(keys)
@@ -1013,10 +1017,11 @@ class SqlTx:
             held.difference_update(keys)
         self.conn.execute(sa.delete(L).where(L.c.key.in_(keys)))
 
-    def held_keys(self, prefix: str) -> set[str]:
+    def held_keys(self, prefix: str) -> AbstractSet[str]:
         """Keys of live locks starting with ``prefix``: one query per transaction, whatever
         their number (a storm starting hundreds of runs of one playbook read every slot
-        again for each), kept current by this transaction's own locks and releases."""
+        again for each), kept current by this transaction's own locks and releases (the set
+        itself, not a copy: a start reads it in O(1))."""
         held = self._held.get(prefix)
         if held is None:
             query = sa.select(L.c.key).where(
@@ -1024,7 +1029,7 @@ class SqlTx:
                 sa.or_(L.c.expires_at.is_(None), L.c.expires_at > self.now),
             )
             held = self._held[prefix] = {row.key for row in self.conn.execute(query)}
-        return set(held)
+        return held
 
     def lock_holder(self, key: str) -> int | None:
         """The active run holding the live lock ``key``."""
