@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 
-.PHONY: help install system-deps postgres run demo sim test test-fast lint format bench bench-quick bench-ingest docs clean
+.PHONY: help install system-deps postgres run demo sim test test-fast lint format bench bench-quick bench-soak bench-ingest docs clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -60,6 +60,9 @@ bench: install system-deps postgres ## Every fleet-scale benchmark, one Markdown
 
 bench-quick: install ## The same benchmarks with short phases and small sizes (a smoke run)
 	$(BIN)/python -m bench.run --quick
+
+bench-soak: install ## RSS of `remediator serve` under a light alert load for an hour
+	$(BIN)/python -m bench.run --only soak --no-postgres
 
 bench-ingest: install ## Benchmark the webhook against a bare durable-insert server
 	$(BIN)/python -m bench.ingest

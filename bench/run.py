@@ -4,9 +4,10 @@
 
 Stages (each starts its own processes on loopback and stops them, whatever happens):
 intake, reaction (latency and burst, SQLite and Postgres, two replicas on Postgres), drain,
-memory, growth, fleet (the simulator carrying a large fleet, and the fleet-health sweep).
-A stage that cannot run (no wrk, no kubectl, no Postgres) leaves a row saying why. Not a test:
-nothing is asserted; the numbers are what this machine did in this run.
+memory, growth, fleet (the simulator carrying a large fleet, and the fleet-health sweep);
+``soak`` (RSS under a light alert load for ``--soak`` seconds, an hour) only when named in
+``--only``. A stage that cannot run (no wrk, no kubectl, no Postgres) leaves a row saying
+why. Not a test: nothing is asserted; the numbers are what this machine did in this run.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ STAGES: dict[str, Callable[[stages.Plan], list[table.Row]]] = {
     "memory": stages.memory,
     "growth": stages.growth,
     "fleet": stages.fleet,
+    "soak": stages.soak_stage,
 }
 
 
@@ -45,6 +47,7 @@ def plan_from(args: argparse.Namespace, workdir: pathlib.Path) -> stages.Plan:
         "postgres": args.postgres,
         "max_episodes": args.max_episodes,
         "sweep_concurrency": args.sweep_concurrency,
+        "soak_seconds": args.soak,
     }
     plan = dataclasses.replace(plan, **{k: v for k, v in updates.items() if v is not None})
     return dataclasses.replace(plan, postgres=None) if args.no_postgres else plan
@@ -58,6 +61,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fleet-nodes", type=int, help="nodes of the large fleet (5000)")
     parser.add_argument("--max-episodes", type=int, help="largest stored history (10^6)")
     parser.add_argument("--sweep-concurrency", type=int, help="the sweep's parallel execs")
+    parser.add_argument(
+        "--soak", type=float, metavar="SECONDS", help="length of the soak stage (3600; quick 60)"
+    )
     parser.add_argument(
         "--postgres", default=os.environ.get("BENCH_POSTGRES", stages.POSTGRES), metavar="URL"
     )
@@ -73,7 +79,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
-    chosen = [s for s in args.only.split(",") if s] or list(STAGES)
+    # The soak lasts an hour: only when asked for (``--only soak``).
+    chosen = [s for s in args.only.split(",") if s] or [s for s in STAGES if s != "soak"]
     # SIGTERM unwinds like Ctrl-C: every stage's ``finally`` stops its processes.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows: list[table.Row] = []

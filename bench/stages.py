@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from bench import intake as intake_mod
 from bench import reaction as reaction_mod
-from bench import runbooks, seed, table, world
+from bench import runbooks, seed, soak, table, world
 from remediator.sim import fleet as sim_fleet
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432"
@@ -34,6 +34,7 @@ class Plan:
     postgres: str | None = POSTGRES
     max_episodes: int | None = None
     sweep_concurrency: int | None = None
+    soak_seconds: float = 3600.0
 
     @classmethod
     def full_run(cls, workdir: pathlib.Path) -> Plan:
@@ -61,6 +62,7 @@ class Plan:
             open_episodes=10_000,
             episode_counts=(10**3, 10**4),
             fleet_nodes=1000,
+            soak_seconds=60.0,
         )
 
     def dir(self, name: str) -> pathlib.Path:
@@ -324,6 +326,47 @@ def memory(plan: Plan) -> list[Row]:
             "episodes seeded in bulk (firing, handled); 50-node simulator as the cluster",
         ),
     ]
+
+
+def soak_stage(plan: Plan) -> list[Row]:
+    """``remediator serve`` under a light, endless alert load (``bench.soak``), with the
+    simulator as the cluster; RSS sampled throughout. Not in the default run (it lasts
+    ``soak_seconds``, an hour unless told): ``--only soak``."""
+    workdir = plan.dir("soak")
+    nodes = 500
+    with (
+        world.simulator(workdir, nodes=nodes) as sim,
+        world.serve(workdir, database_url=world.sqlite_url(workdir), sim=sim) as server,
+    ):
+        got = asyncio.run(
+            soak.soak(
+                server.url,
+                server.proc,
+                nodes=_names(nodes, nodes, 1),
+                seconds=plan.soak_seconds,
+                sample=max(1.0, min(30.0, plan.soak_seconds / 60)),
+            )
+        )
+        runs = _run_count(world.sqlite_url(workdir))
+    minutes = plan.soak_seconds / 60
+    warm = got.warm_up / 60
+    return [
+        Row(
+            f"RSS over a {minutes:.0f}-minute soak: after {warm:.0f} min / end / peak",
+            "sqlite",
+            f"{got.rss_at(got.warm_up):.0f} / {got.samples[-1][1]:.0f} / {got.peak:.0f} MB",
+            "flat",
+            f"growth after the warm-up {got.growth_per_hour:+.1f} MB/h (least squares); "
+            f"{got.sent:,} deliveries ({got.failed} failed), {runs:,} runs; 5 new "
+            "episodes/s, each repeated after 30 s and resolved after 60 s",
+        )
+    ]
+
+
+def _run_count(url: str) -> int:
+    path = url.split("///", 1)[1]
+    with sqlite3.connect(path) as db:
+        return int(db.execute("SELECT count(*) FROM runs").fetchone()[0])
 
 
 # ---- growth -----------------------------------------------------------------------------
