@@ -36,6 +36,7 @@ import enum
 import math
 import zoneinfo
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 
 import pydantic
 
@@ -152,7 +153,9 @@ class GuardOverride(pydantic.BaseModel):
 class Snapshot:
     """Persisted guard state as seen inside the deciding transaction."""
 
-    disrupted_nodes: frozenset[str]
+    disrupted_nodes: AbstractSet[str]
+    """Read it in the decision it was taken for: the deciding transaction may share the set
+    it keeps current (copying a storm's thousand disrupted nodes per decision was quadratic)."""
     gpu_nodes: int | None  # None: unknown (no cluster); the percentage cap is then not applied
     recent_runs: int  # disruptive runs started within the breaker window, after the last reset
     breaker_open: bool
