@@ -62,7 +62,7 @@ def simulator(
     port = procs.free_port()
     kubeconfig = workdir / f"sim-{port}.kubeconfig"
     argv = [sys.executable, "-m", "remediator", "sim", "--listen", f"127.0.0.1:{port}"]
-    argv += ["--token", token, "--kubeconfig", str(kubeconfig), "--time-scale", str(time_scale)]
+    argv += [f"--token={token}", "--kubeconfig", str(kubeconfig), "--time-scale", str(time_scale)]
     argv += ["--nodes", str(nodes)] if nodes else ["--fleet", str(fleet_file)]
     argv += [] if tls else ["--no-tls"]
     ca_file = None
