@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from unittest import mock
 
 import pytest
 
+from remediator.adapters.db import store as sql_store
 from remediator.domain import runs
 from remediator.engine import lifecycle
 from tests.support.alerts import alert_body
@@ -462,7 +464,11 @@ async def test_a_cooldown_per_gpu_lets_another_gpu_of_the_node_through(make_harn
     assert sorted(applied(h)) == ["GPU-0", "GPU-1"]
 
 
-async def test_an_engine_batch_gives_way_to_a_waiting_webhook_commit(make_harness):
+@pytest.mark.parametrize("budget", [0.0, 60.0])
+async def test_an_engine_batch_gives_way_to_a_waiting_webhook_commit(make_harness, budget):
+    """Once it has held SQLite's writer for ``YIELD_AFTER`` (here 0, or a minute), a batch
+    commits what it did and leaves the rest to the next pass; before that it goes on (giving
+    way after every single item kept the engine behind under steady webhook traffic)."""
     h = await make_harness(TWO_STEPS)
     for node in ("gpu-node-01", "gpu-node-02", "gpu-node-03"):
         await h.post(alert_body(node=node))
@@ -471,16 +477,18 @@ async def test_an_engine_batch_gives_way_to_a_waiting_webhook_commit(make_harnes
     if lock is not None:
         lock.urgent_waiting += 1  # as while a webhook commit waits for SQLite's one writer
     try:
-        assert await h.engine.handle_episodes()
+        with mock.patch.object(sql_store, "YIELD_AFTER", budget):
+            assert await h.engine.handle_episodes()
         created_first = len(await h.runs())
     finally:
         if lock is not None:
             lock.urgent_waiting -= 1
-    if db.is_sqlite:
+    if db.is_sqlite and budget == 0:
         # One episode per transaction while the webhook waits; the rest on later passes.
         assert created_first == 1
         assert await h.engine.handle_episodes()
         assert len(await h.runs()) == 3
     else:
-        assert created_first == 3  # Postgres writers do not queue behind each other
+        # within its budget (or on Postgres, whose writers do not queue behind each other)
+        assert created_first == 3
     assert not await h.engine.handle_episodes()
