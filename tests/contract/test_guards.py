@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 from remediator.domain import runs, transitions
@@ -158,9 +159,11 @@ async def test_a_transaction_sees_its_own_guard_writes_in_later_snapshots(backen
 
     def decisions(tx):
         def snapshot(pool=None):
-            return tx.guard_snapshot(
+            found = tx.guard_snapshot(
                 node=None, since=tx.now, disruptive_playbooks=["reboot"], gpu_nodes=8, pool=pool
             )
+            # a snapshot's disrupted nodes are read in the decision it is for: copied here
+            return dataclasses.replace(found, disrupted_nodes=set(found.disrupted_nodes))
 
         seen = [snapshot().disrupted_nodes, snapshot(pool="x").disrupted_nodes]
         tx.record_disruption(run_id=first, node="a", pool="x")

@@ -109,16 +109,17 @@ async def test_held_keys_follow_the_transactions_own_locks_and_releases(backend)
     await run(backend, lambda tx: tx.try_lock("slot:p:5", run_id=other, expires_at=None))
 
     def within_one_transaction(tx):
-        seen = [tx.held_keys("slot:p:")]
+        # held_keys is the transaction's own set, kept current: copied to compare later
+        seen = [set(tx.held_keys("slot:p:"))]
         tx.try_lock("slot:p:0", run_id=run_id, expires_at=None)
         tx.try_lock("slot:p:5", run_id=run_id, expires_at=None)  # held by the other run
         tx.try_lock("node:x", run_id=run_id, expires_at=None)
-        seen.append(tx.held_keys("slot:p:"))
+        seen.append(set(tx.held_keys("slot:p:")))
         tx.release_locks(["slot:p:0"])
-        seen.append(tx.held_keys("slot:p:"))
+        seen.append(set(tx.held_keys("slot:p:")))
         tx.try_lock("slot:p:1", run_id=run_id, expires_at=None)
         tx.release_run_locks(other)
-        seen.append(tx.held_keys("slot:p:"))
+        seen.append(set(tx.held_keys("slot:p:")))
         return seen
 
     assert await run(backend, within_one_transaction) == [
