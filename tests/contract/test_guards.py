@@ -51,12 +51,14 @@ async def test_disruptions_are_recorded_once_per_run_and_node_and_released(backe
     )
 
     def snapshot(node=None, pool=None):
-        return run(
-            backend,
-            lambda tx: tx.guard_snapshot(
+        def read(tx):
+            found = tx.guard_snapshot(
                 node=node, since=tx.now, disruptive_playbooks=[], gpu_nodes=4, pool=pool
-            ),
-        )
+            )
+            # the disrupted nodes are read inside the transaction
+            return dataclasses.replace(found, disrupted_nodes=set(found.disrupted_nodes))
+
+        return run(backend, read)
 
     start = backend.clock.now
     await run(backend, lambda tx: tx.record_disruption(run_id=first, node="a", pool="x"))

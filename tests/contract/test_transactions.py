@@ -30,13 +30,15 @@ async def test_a_transaction_that_raises_leaves_nothing_behind(backend):
             tx.runs_of_episode(episode.id),
             tx.held_keys("node:"),
             tx.get_guard_state("breaker"),
-            tx.guard_snapshot(
-                node=None, since=tx.now, disruptive_playbooks=[], gpu_nodes=None
-            ).disrupted_nodes,
+            set(
+                tx.guard_snapshot(
+                    node=None, since=tx.now, disruptive_playbooks=[], gpu_nodes=None
+                ).disrupted_nodes
+            ),
             [e.id for e in tx.lock_unhandled_episodes(10)],
         )
 
-    assert await run(backend, read) == ([], set(), {}, frozenset(), [episode.id])
+    assert await run(backend, read) == ([], set(), {}, set(), [episode.id])
     assert await backend.events() == before
     assert await backend.chain_ok()
 

@@ -310,10 +310,18 @@ _LOCK_DUE = _both(
     .limit(_LIMIT),
     of=S,
 )
-_DISRUPTED = sa.select(D.c.node).where(D.c.released_at.is_(None)).distinct()
-_DISRUPTED_IN_POOL = (
-    sa.select(D.c.node).where(D.c.released_at.is_(None), D.c.pool == sa.bindparam("w_pool"))
-).distinct()
+_ACTIVE = D.c.released_at.is_(None)
+_IN_POOL = D.c.pool == sa.bindparam("w_pool")
+# The disrupted nodes (all, or one pool's), each read in the three ways a decision needs.
+_DISRUPTED = {
+    (in_pool, what): statement
+    for in_pool, where in ((False, (_ACTIVE,)), (True, (_ACTIVE, _IN_POOL)))
+    for what, statement in (
+        ("all", sa.select(D.c.node).where(*where).distinct()),
+        ("count", sa.select(sa.func.count(D.c.node.distinct())).where(*where)),
+        ("one", sa.select(sa.exists().where(*where, D.c.node == sa.bindparam("w_node")))),
+    )
+}
 _RECENT_RUNS = (
     sa.select(sa.func.count())
     .select_from(R)
@@ -346,6 +354,54 @@ _NODE_LAST_DISRUPTED = sa.select(
 _NEVER = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
+class _DisruptedNodes(AbstractSet[str]):
+    """The nodes disrupted now (in one pool, or in all), as guard decisions read them: how
+    many, and whether a given node is one, each a query the database answers from its index;
+    every node only when iterated (a status page). Reading every row for each pass was its
+    largest cost once a storm had left a thousand nodes cordoned. Kept current by the
+    transaction's own disruptions (``record_disruption``). Read only inside that
+    transaction: afterwards it refuses (it would ask a connection that moved on)."""
+
+    def __init__(self, tx: SqlTx, pool: str | None) -> None:
+        self._tx = tx
+        self._params = {"w_pool": pool}
+        self._in_pool = pool is not None
+        self._count: int | None = None
+        self._known: dict[str, bool] = {}
+
+    def _run(self, what: str, **params: Any) -> Any:
+        if self._tx.closed:
+            raise RuntimeError("a guard snapshot's disrupted nodes are read in its transaction")
+        return self._tx.conn.execute(_DISRUPTED[self._in_pool, what], self._params | params)
+
+    def __len__(self) -> int:
+        if self._count is None:
+            self._count = int(self._run("count").scalar_one())
+        return self._count
+
+    def __contains__(self, node: object) -> bool:
+        if not isinstance(node, str):
+            return False
+        known = self._known.get(node)
+        if known is None:
+            known = self._known[node] = bool(self._run("one", w_node=node).scalar_one())
+        return known
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([row.node for row in self._run("all")])
+
+    def adding(self, node: str) -> Callable[[], None]:
+        """Before ``node``'s disruption is written: what to do once it is."""
+        was = node in self
+
+        def added() -> None:
+            if not was and self._count is not None:
+                self._count += 1
+            self._known[node] = True
+
+        return added
+
+
 class SqlStore:
     """Runs the engine's transactions. Each transaction is synchronous code run as one call
     into the database (a worker thread on SQLite, ``run_sync`` over asyncpg on Postgres), so
@@ -368,8 +424,11 @@ class SqlStore:
 
         def in_transaction(conn: sa.Connection) -> T:
             tx = SqlTx(conn, db=self.db, now=now, keys=self.keys)
-            result = work(tx)
-            tx.flush()
+            try:
+                result = work(tx)
+                tx.flush()
+            finally:
+                tx.closed = True
             return result
 
         return await self.db.write_sync(operation, in_transaction)
@@ -383,7 +442,11 @@ class SqlStore:
         now = self.clock()
 
         def in_transaction(conn: sa.Connection) -> T:
-            return work(SqlTx(conn, db=self.db, now=now, keys=self.keys, locking=False))
+            tx = SqlTx(conn, db=self.db, now=now, keys=self.keys, locking=False)
+            try:
+                return work(tx)
+            finally:
+                tx.closed = True
 
         if self.db.is_sqlite:
             return await self.db.write_sync(operation, in_transaction)
@@ -421,7 +484,8 @@ class SqlTx:
         self.keys = keys
         self.locking = locking  # False: a read that must not hold guard rows (``read``)
         self._started = time.perf_counter()
-        self._fleet_guards: dict[Any, tuple[set[str], dict[str, Any], int]] = {}
+        self.closed = False
+        self._fleet_guards: dict[Any, tuple[_DisruptedNodes, dict[str, Any], int]] = {}
         # Events wait here until ``flush``: the chain head is locked (Postgres ``FOR UPDATE``)
         # only for the few statements that link and insert them at the end of the
         # transaction, so replicas run their engine work side by side and meet only there.
@@ -821,13 +885,9 @@ class SqlTx:
 
     def _fleet_guard_state(
         self, pool: str | None, since: dt.datetime, playbook_names: tuple[str, ...]
-    ) -> tuple[set[str], dict[str, Any], int]:
+    ) -> tuple[_DisruptedNodes, dict[str, Any], int]:
         """What every node's guard verdict shares: disrupted nodes, the breaker, recent runs."""
-        if pool is None:
-            active = self.conn.execute(_DISRUPTED)
-        else:
-            active = self.conn.execute(_DISRUPTED_IN_POOL, {"w_pool": pool})
-        disrupted = {row.node for row in active}
+        disrupted = _DisruptedNodes(self, pool)
         breaker = self.get_guard_state("breaker")
         # runs an operator has seen when resetting the breaker do not count
         reset = breaker.get("reset_at")
@@ -875,13 +935,17 @@ class SqlTx:
         self.conn.execute(sa.delete(G).where(G.c.key == key))
 
     def record_disruption(self, *, run_id: int, node: str, pool: str | None = None) -> None:
+        added = [
+            disrupted.adding(node)
+            for (counted_pool, _, _), (disrupted, _, _) in self._fleet_guards.items()
+            if counted_pool is None or counted_pool == pool
+        ]
         self.conn.execute(
             _RECORD_DISRUPTION[self.db.is_postgres],
             {"run_id": run_id, "node": node, "pool": pool, "started_at": self.now},
         )
-        for (counted_pool, _, _), (disrupted, _, _) in self._fleet_guards.items():
-            if counted_pool is None or counted_pool == pool:
-                disrupted.add(node)
+        for then in added:
+            then()
 
     def release_disruptions(self, *, node: str | None = None, run_id: int | None = None) -> int:
         self._fleet_guards.clear()

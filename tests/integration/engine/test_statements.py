@@ -56,3 +56,78 @@ async def test_the_reads_and_writes_of_a_pass_build_no_statement(
         assert built == []
     finally:
         await db.dispose()
+
+
+async def test_a_guard_decision_counts_the_disrupted_nodes_without_reading_them(
+    database_url: str,
+) -> None:
+    """A storm leaves thousands of nodes cordoned: every pass read each of their rows to
+    count them. A decision asks how many, and about its own node, and keeps both current."""
+    db = database.Database(database_url)
+    await migrate.upgrade(db)
+    store = sql_store.SqlStore(db, clock=lambda: NOW)
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    try:
+        run_id = await store.run("prepare", lambda tx: tx.insert_run(new_run(), actor="test"))
+
+        def disrupt(tx: sql_store.SqlTx) -> None:
+            for n in range(50):
+                tx.record_disruption(run_id=run_id, node=f"node-{n}", pool="a" if n % 2 else "b")
+
+        await store.run("prepare", disrupt)
+
+        def decide(tx: sql_store.SqlTx) -> list[Any]:
+            def snapshot(pool: str | None) -> Any:
+                return tx.guard_snapshot(
+                    node="gpu-node-03",
+                    since=NOW - dt.timedelta(hours=1),
+                    disruptive_playbooks=["reboot"],
+                    gpu_nodes=100,
+                    pool=pool,
+                ).disrupted_nodes
+
+            found = []
+            for pool in (None, "a"):
+                nodes = snapshot(pool)
+                found += [len(nodes), "node-7" in nodes, "node-8" in nodes, "gpu-node-03" in nodes]
+            tx.record_disruption(run_id=run_id, node="gpu-node-03", pool="a")
+            tx.record_disruption(run_id=run_id, node="node-8", pool="a")  # disrupted already
+            for pool in (None, "a"):
+                nodes = snapshot(pool)
+                found += [len(nodes), "gpu-node-03" in nodes]
+            return found
+
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", seen)
+        try:
+            found = await store.run("decide", decide)
+        finally:
+            sa.event.remove(sa.engine.Engine, "before_cursor_execute", seen)
+        assert found == [50, True, True, False, 25, True, False, False, 51, True, 27, True]
+        assert not [s for s in statements if s.lstrip().startswith("SELECT DISTINCT")]
+    finally:
+        await db.dispose()
+
+
+async def test_a_snapshots_disrupted_nodes_refuse_to_be_read_after_their_transaction(
+    database_url: str,
+) -> None:
+    db = database.Database(database_url)
+    await migrate.upgrade(db)
+    store = sql_store.SqlStore(db, clock=lambda: NOW)
+    try:
+        nodes = await store.run(
+            "decide",
+            lambda tx: (
+                tx.guard_snapshot(
+                    node=None, since=NOW, disruptive_playbooks=[], gpu_nodes=None
+                ).disrupted_nodes
+            ),
+        )
+        with pytest.raises(RuntimeError, match="read in its transaction"):
+            len(nodes)
+    finally:
+        await db.dispose()
