@@ -78,7 +78,10 @@ class Tx(Protocol):
         self, step_id: int, owner: str, output: dict[str, Any], lease_until: dt.datetime
     ) -> bool: ...
 
-    def lock_due_steps(self, limit: int) -> list[records.Step]: ...
+    def lock_due_steps(self, limit: int) -> Iterable[records.Step]:
+        """Due steps, locked (Postgres: skipping rows another replica locked); iterate them
+        within the transaction."""
+        ...
 
     def guard_snapshot(
         self,

@@ -79,7 +79,7 @@ async def test_a_temporary_failure_is_pending_again_at_its_retry_time(backend):
         backend, lambda tx: tx.apply(transitions.finish(claimed, result, owner="w1", now=tx.now))
     )
     assert (again.status, again.due_at, again.attempt) == (runs.StepStatus.PENDING, retry_at, 1)
-    assert await run(backend, lambda tx: tx.lock_due_steps(10)) == []
+    assert await run(backend, lambda tx: list(tx.lock_due_steps(10))) == []
     backend.clock.advance(30)
     assert [s.id for s in await run(backend, lambda tx: tx.lock_due_steps(10))] == [claimed.id]
 
@@ -124,7 +124,7 @@ async def test_steps_of_runs_that_are_not_running_are_never_due(backend):
             transitions.move_run(current, runs.RunStatus.WAITING_APPROVAL, reason="")
         ),
     )
-    assert await run(backend, lambda tx: tx.lock_due_steps(10)) == []
+    assert await run(backend, lambda tx: list(tx.lock_due_steps(10))) == []
 
 
 async def test_a_lease_expires_after_its_time_and_its_step_is_handed_back_with_unknown_effect(

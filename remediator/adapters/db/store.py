@@ -845,11 +845,13 @@ class SqlTx:
         )
         return bool(result.rowcount)
 
-    def lock_due_steps(self, limit: int) -> list[records.Step]:
+    def lock_due_steps(self, limit: int) -> Iterator[records.Step]:
         """Due pending steps of running runs, locked for this transaction."""
         due = _LOCK_DUE[self.db.is_postgres]
-        rows = self.conn.execute(due, {"now": self.now, "w_limit": limit})
-        return [step_from_row(row) for row in rows]
+        rows = self.conn.execute(due, {"now": self.now, "w_limit": limit}).all()
+        # read at once, made into steps as the claim loop takes them (a loop giving way to
+        # the webhook takes a few of the ``limit`` read)
+        return (step_from_row(row) for row in rows)
 
     # -- guards ----------------------------------------------------------------------------
 
@@ -1146,7 +1148,7 @@ class SqlTx:
         held = self._held.get(prefix)
         if held is None:
             rows = self.conn.execute(_HELD_KEYS, {"w_prefix": prefix, "now": self.now})
-            held = self._held[prefix] = {row.key for row in rows}
+            held = self._held[prefix] = set(rows.scalars().all())
         return held
 
     def lock_holder(self, key: str) -> int | None:
