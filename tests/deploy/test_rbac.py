@@ -8,6 +8,8 @@ CLUSTER = "cluster"
 EXPECTED = {
     ("", "nodes", "get", CLUSTER),
     ("", "nodes", "list", CLUSTER),
+    # the GPU nodes the fleet guards count: listed once, then watched
+    ("", "nodes", "watch", CLUSTER),
     ("", "nodes", "patch", CLUSTER),
     ("", "pods", "get", CLUSTER),
     ("", "pods", "list", CLUSTER),
