@@ -131,3 +131,48 @@ async def test_a_snapshots_disrupted_nodes_refuse_to_be_read_after_their_transac
             len(nodes)
     finally:
         await db.dispose()
+
+
+async def test_runs_still_active_are_found_through_the_status_index_after_analyze(
+    tmp_path: Any,
+) -> None:
+    """With a long history every run has finished, and after ``ANALYZE`` SQLite judged
+    ``status = ?`` unselective: the probe and the start and advance stages scanned every run
+    (80 ms each with 10⁶ runs). They search the status index whatever the statistics say."""
+    import sqlite3
+    import warnings
+
+    from sqlalchemy.dialects import sqlite
+
+    db = database.Database(f"sqlite+aiosqlite:///{tmp_path / 'r.db'}")
+    await migrate.upgrade(db)
+    await db.dispose()
+    con = sqlite3.connect(tmp_path / "r.db")
+    con.execute("ANALYZE")
+    con.execute("DELETE FROM sqlite_stat1 WHERE tbl = 'runs'")
+    con.executemany(  # a million runs, one status: what ANALYZE wrote for the seeded history
+        "INSERT INTO sqlite_stat1 VALUES ('runs', ?, ?)",
+        [("ix_runs_status", "1000000 1000000 1"), ("ix_runs_node", "1000000 1000 1")],
+    )
+    con.commit()
+    con.execute("ANALYZE sqlite_master")  # load the statistics
+    probe = {c.name: c for c in sql_store._PROBE.selected_columns}
+    queries = {
+        "probe startable": sa.select(probe["startable"]),
+        "probe advance": sa.select(probe["advance"]),
+        "start stage": sql_store._LOCK_STARTABLE[0],
+        "advance stage": sql_store._LOCK_ADVANCEABLE[0],
+    }
+    plans = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # literal NULLs for the unbound parameters
+        for name, query in queries.items():
+            sql = str(
+                query.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True})
+            )
+            rows = con.execute("EXPLAIN QUERY PLAN " + sql).fetchall()
+            plans[name] = [row[3] for row in rows if "runs" in row[3] and "steps" not in row[3]]
+    con.close()
+    for name, plan in plans.items():
+        assert any("USING INDEX ix_runs_status" in step for step in plan), (name, plan)
+        assert not any(step.startswith("SCAN runs") for step in plan), (name, plan)
