@@ -62,7 +62,8 @@ class Gate:
         return pool, self.fleet.pool_sizes(label)[pool]
 
     def labels(self, node: str | None) -> Mapping[str, str] | None:
-        """The node's labels as last listed (a driver upgrade in progress holds it)."""
+        """The node's labels as the node watch last saw them (a driver upgrade in progress
+        holds it)."""
         if self.fleet is None or node is None:
             return None
         return self.fleet.get(node)

@@ -275,30 +275,24 @@ class GpuFleet:
         self._labels: dict[str, Mapping[str, str]] = dict(labels or {})
         self._lock = threading.Lock()
         self._snapshot: FleetSnapshot | None = None
-        self.changes = 0
-        """Label changes seen since the first list (a node added, removed or relabelled)."""
 
     def replace(self, labels: Mapping[str, Mapping[str, str]]) -> None:
         """Everything, as a fresh list shows it."""
         with self._lock:
             if labels != self._labels:
                 self._labels = dict(labels)
-                self._changed()
+                self._snapshot = None
 
     def put(self, name: str, labels: Mapping[str, str]) -> None:
         with self._lock:
             if self._labels.get(name) != labels:
                 self._labels[name] = labels
-                self._changed()
+                self._snapshot = None
 
     def remove(self, name: str) -> None:
         with self._lock:
             if self._labels.pop(name, None) is not None:
-                self._changed()
-
-    def _changed(self) -> None:
-        self._snapshot = None
-        self.changes += 1
+                self._snapshot = None
 
     def snapshot(self) -> FleetSnapshot:
         with self._lock:

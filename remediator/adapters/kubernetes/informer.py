@@ -64,8 +64,6 @@ class NodeInformer:
         self._nodes: dict[str, port.NodeInfo] = {}
         self.fleet = port.GpuFleet()
         self.synced = False
-        self.lists = 0
-        self.watches = 0
         self._attempted = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -126,12 +124,16 @@ class NodeInformer:
                 failures += 1
                 delay = min(FIRST_BACKOFF * 2 ** (failures - 1), MAX_BACKOFF)
                 log = logger.warning if failures == 1 else logger.debug
-                log("GPU node watch failed (%s); again in %.0f s", e, delay)
+                log(
+                    "GPU node watch failed (%s); the nodes last seen stay in use (none: the "
+                    "percentage budget is not applied); again in %.0f s",
+                    e,
+                    delay,
+                )
                 await asyncio.sleep(delay)
 
     async def _list(self) -> str:
         items, version = await self._lister()
-        self.lists += 1
         nodes = [convert.node(item) for item in items]
         self._nodes = {node.name: node for node in nodes}
         self.fleet.replace({node.name: node.labels for node in nodes})
@@ -141,7 +143,6 @@ class NodeInformer:
 
     async def _watch(self, version: str) -> str:
         """Apply events until the server ends the watch; the last resourceVersion seen."""
-        self.watches += 1
         async for event in self._watcher(version):
             kind = event.get("type")
             obj = event.get("object") or {}
