@@ -176,3 +176,43 @@ async def test_runs_still_active_are_found_through_the_status_index_after_analyz
     for name, plan in plans.items():
         assert any("USING INDEX ix_runs_status" in step for step in plan), (name, plan)
         assert not any(step.startswith("SCAN runs") for step in plan), (name, plan)
+
+
+async def test_due_rows_become_steps_only_as_the_claim_loop_takes_them(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim loop that gives way to the webhook takes a few of the ``limit`` due rows it
+    read: only those are made into step records (all 64 were, every pass)."""
+    from remediator.domain import runs, transitions
+
+    db = database.Database(database_url)
+    await migrate.upgrade(db)
+    store = sql_store.SqlStore(db, clock=lambda: NOW)
+    try:
+
+        def prepare(tx: sql_store.SqlTx) -> None:
+            for node in ("gpu-node-01", "gpu-node-02", "gpu-node-03"):
+                run_id = tx.insert_run(
+                    new_run(node=node, status=runs.RunStatus.RUNNING), actor="test"
+                )
+                assert run_id is not None
+                first = tx.steps_of_run(run_id)[0]
+                tx.apply(transitions.make_due(first, now=NOW))
+
+        await store.run("prepare", prepare)
+        made: list[int] = []
+        step_from_row = sql_store.step_from_row
+
+        def counting(row: Any) -> Any:
+            made.append(row.id)
+            return step_from_row(row)
+
+        monkeypatch.setattr(sql_store, "step_from_row", counting)
+
+        def take_one(tx: sql_store.SqlTx) -> int:
+            return next(iter(tx.lock_due_steps(64))).id
+
+        taken = await store.run("claim", take_one)
+        assert made == [taken]
+    finally:
+        await db.dispose()
