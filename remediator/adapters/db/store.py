@@ -17,6 +17,7 @@ from typing import Any, TypeVar, overload
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from remediator.adapters.db import database, tables
 from remediator.domain import (
@@ -220,9 +221,12 @@ class _Rare(sa.sql.expression.ColumnElement[Any]):
     SQLite it is wrapped in ``likelihood(..., 1e-6)`` so the planner searches the status index
     whatever its statistics say: after an ``ANALYZE`` of a history where every run finished,
     it judged ``status = ?`` unselective and scanned every run (80 ms a probe, twice, with 10⁶
-    runs). Elsewhere it is the condition itself."""
+    runs). Elsewhere it is the condition itself. The condition is part of the cache key
+    (``_traverse_internals``): without it the statements holding one were compiled afresh on
+    every execution, the probe before every pass included."""
 
     inherit_cache = True
+    _traverse_internals = [("condition", InternalTraversal.dp_clauseelement)]
     type = sa.types.NullType()
 
     def __init__(self, condition: sa.ColumnElement[bool]) -> None:

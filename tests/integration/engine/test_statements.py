@@ -216,3 +216,40 @@ async def test_due_rows_become_steps_only_as_the_claim_loop_takes_them(
         assert made == [taken]
     finally:
         await db.dispose()
+
+
+async def test_the_statements_of_a_pass_are_compiled_once(database_url: str) -> None:
+    """Every statement the probe and a pass run is found in SQLAlchemy's compiled cache the
+    second time: one without a cache key (a custom construct that does not say what it holds)
+    was compiled afresh on every execution, the probe before every pass included."""
+    db = database.Database(database_url)
+    await migrate.upgrade(db)
+    store = sql_store.SqlStore(db, clock=lambda: NOW)
+    misses: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        context = args[-2]
+        if context is None or context.compiled is None:
+            return  # written as SQL text (BEGIN IMMEDIATE): nothing to compile
+        if context.cache_hit != context.cache_hit.CACHE_HIT:
+            misses.append(f"{context.cache_hit.name}: {' '.join(statement.split())[:80]}")
+
+    def one_pass(tx: sql_store.SqlTx) -> None:
+        tx.lock_unhandled_episodes(64)
+        tx.lock_pending_runs(64)
+        tx.active_runs_with_no_active_step(64)
+        list(tx.lock_due_steps(64))
+
+    try:
+        await store.run("prepare", lambda tx: tx.insert_run(new_run(), actor="test"))
+        for _ in range(2):  # the first round fills the cache
+            misses.clear()
+            sa.event.listen(sa.Engine, "after_cursor_execute", seen)
+            try:
+                await store.probe()
+                await store.run("pass", one_pass)
+            finally:
+                sa.event.remove(sa.Engine, "after_cursor_execute", seen)
+        assert misses == []
+    finally:
+        await db.dispose()
