@@ -3,7 +3,9 @@
 SQLite (the embedded default) runs in WAL mode with ``synchronous=FULL`` so a commit is durable;
 writers take ``BEGIN IMMEDIATE`` and an in-process lock, so they queue instead of failing with
 "database is locked" halfway through a transaction. Postgres (production, several replicas)
-uses asyncpg with a small pool; claims there use ``FOR UPDATE SKIP LOCKED``.
+uses asyncpg with a small pool for the web pages' and the API's reads, and psycopg on a few
+threads for transactions of synchronous code (``write_sync``, ``read_sync``: the engine's, the
+webhook's); claims there use ``FOR UPDATE SKIP LOCKED``.
 
 Errors leave a transaction translated: a value the database refuses (too long for its column,
 out of range) is ``ValidationFailed``, since it would be refused again on every retry; a lost
@@ -121,6 +123,26 @@ class Database:
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sqlite-w")
         if self.is_sqlite:
             self._configure_sqlite(self.engine.sync_engine)
+        # Postgres transactions of synchronous code (the engine's, the webhook's) run on
+        # threads of their own over psycopg: through asyncpg each of their statements waited
+        # for a turn of a busy event loop (1.5 ms a statement during an alert storm, 30 of them
+        # an alert), on a thread a statement waits for the database only.
+        self._pg_sync: sa.Engine | None = None
+        self._pg_threads: concurrent.futures.ThreadPoolExecutor | None = None
+        if self.is_postgres:
+            self._pg_sync = sa.create_engine(
+                sa.engine.make_url(self.url).set(drivername="postgresql+psycopg"),
+                pool_size=pool_size,
+                max_overflow=0,
+                pool_pre_ping=True,
+                connect_args={
+                    "connect_timeout": max(2, round(timeout)),
+                    "options": f"-c statement_timeout={int(timeout * 1000)}",
+                },
+            )
+            self._pg_threads = concurrent.futures.ThreadPoolExecutor(
+                pool_size, thread_name_prefix="pg"
+            )
         self.latency_observer: Any = None
 
     def writers_waiting(self) -> bool:
@@ -177,17 +199,39 @@ class Database:
 
         On SQLite that call is one hop to a worker thread with a plain sqlite3 connection
         (aiosqlite would hop once per cursor operation, a dozen times per transaction); on
-        Postgres it runs over asyncpg through SQLAlchemy's ``run_sync``.
+        Postgres one hop to a thread of a small pool, over psycopg.
         """
         started = time.perf_counter()
         if not self.is_sqlite:
-            async with self.write(operation) as conn:
-                result: T = await conn.run_sync(work)
-            return result
+            return await self._on_pg_thread(operation, work, started)
         assert self._write_lock is not None
         async with self._write_lock.hold(urgent=urgent), self._translated():
             loop = asyncio.get_running_loop()
             result = await loop.run_in_executor(self._writer, self._run_sync_sqlite, work)
+        self._observe(operation, started)
+        return result
+
+    async def read_sync(self, operation: str, work: Callable[[sa.Connection], T]) -> T:
+        """Run ``work`` in one transaction that writes nothing: on SQLite on the writer's
+        thread (as ``write_sync``), on Postgres on a thread of its own."""
+        if self.is_sqlite:
+            return await self.write_sync(operation, work)
+        return await self._on_pg_thread(operation, work, time.perf_counter())
+
+    async def _on_pg_thread(
+        self, operation: str, work: Callable[[sa.Connection], T], started: float
+    ) -> T:
+        assert self._pg_sync is not None
+        assert self._pg_threads is not None
+        engine = self._pg_sync
+
+        def in_transaction() -> T:
+            with engine.begin() as conn:
+                return work(conn)
+
+        async with self._translated():
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(self._pg_threads, in_transaction)
         self._observe(operation, started)
         return result
 
@@ -253,6 +297,10 @@ class Database:
 
     async def dispose(self) -> None:
         await self.engine.dispose()
+        if self._pg_sync is not None:
+            self._pg_sync.dispose()
+        if self._pg_threads is not None:
+            self._pg_threads.shutdown(wait=False)
         if self._writer_conn is not None:
             # On the writer thread, after whatever transaction it is running.
             with contextlib.suppress(RuntimeError):  # the writer was already shut down

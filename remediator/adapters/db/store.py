@@ -434,8 +434,9 @@ class _DisruptedNodes(AbstractSet[str]):
 
 class SqlStore:
     """Runs the engine's transactions. Each transaction is synchronous code run as one call
-    into the database (a worker thread on SQLite, ``run_sync`` over asyncpg on Postgres), so
-    the write lock is never held across event-loop turns."""
+    into the database (a worker thread: SQLite's writer, or one of Postgres's over psycopg),
+    so no statement waits for a turn of the event loop and the write lock is never held
+    across one."""
 
     def __init__(
         self,
@@ -478,23 +479,16 @@ class SqlStore:
             finally:
                 tx.closed = True
 
-        if self.db.is_sqlite:
-            return await self.db.write_sync(operation, in_transaction)
-        async with self.db.read(operation) as conn:
-            return await conn.run_sync(in_transaction)
+        return await self.db.read_sync(operation, in_transaction)
 
     async def probe(self) -> records.Probe:
         """What kinds of engine work exist, in one statement. On SQLite it runs on the
         writer's thread, as ``read`` does: through aiosqlite the same statement cost 0.9 ms
         of CPU (a thread hop per cursor operation), once before every engine pass."""
         now = self.clock()
-        if self.db.is_sqlite:
-            row = await self.db.write_sync(
-                "probe", lambda conn: conn.execute(_PROBE, {"now": now}).one()
-            )
-        else:
-            async with self.db.read("probe") as conn:
-                row = (await conn.execute(_PROBE, {"now": now})).one()
+        row = await self.db.read_sync(
+            "probe", lambda conn: conn.execute(_PROBE, {"now": now}).one()
+        )
         return records.Probe(**{key: bool(value) for key, value in row._mapping.items()})
 
 
