@@ -44,8 +44,26 @@ _RFC3339 = re.compile(
 )
 
 
+# Parsed timestamp texts: Alertmanager re-sends the same ``startsAt`` / ``endsAt`` texts over
+# and over, so most deliveries parse nothing. Bounded (emptied when full); errors not kept.
+_STAMPS: dict[str, dt.datetime] = {}
+_MAX_STAMPS = 8192
+
+
 def parse_timestamp(value: object) -> dt.datetime:
     """Parse RFC 3339 leniently: any number of fraction digits (truncated to microseconds)."""
+    if type(value) is not str:
+        return _parse_timestamp(value)
+    stamp = _STAMPS.get(value)
+    if stamp is None:
+        stamp = _parse_timestamp(value)  # a text that is no timestamp raises every time
+        if len(_STAMPS) >= _MAX_STAMPS:
+            _STAMPS.clear()
+        _STAMPS[value] = stamp
+    return stamp
+
+
+def _parse_timestamp(value: object) -> dt.datetime:
     if isinstance(value, dt.datetime):
         stamp = value
     elif isinstance(value, str):
@@ -204,6 +222,29 @@ _Size = Callable[[str, str], tuple[int, int, str]]
 def check_limits(payload: WebhookPayload) -> list[dict[str, str]]:
     """Every value that could never be stored, in the shape of ``validation_fields``
     (``[{"field": "alerts.0.labels.node", "message": ...}]``); empty when all of it fits."""
+    for alert in payload.alerts:
+        if not (
+            _short(alert.labels, _SHORT_LABEL) and _short(alert.annotations, MAX_ANNOTATION_VALUE)
+        ):
+            return _limit_problems(payload)
+    return []
+
+
+# No label value of at most this length exceeds its limit, whatever the label's name (the node
+# taken from ``instance`` is never longer than the label).
+_SHORT_LABEL = min(MAX_ALERTNAME, MAX_NODE, MAX_GPU, MAX_LABEL_VALUE)
+
+
+def _short(entries: Mapping[str, str], longest: int) -> bool:
+    """Whether no entry can exceed a limit: few enough, every name and value short enough.
+    The common case, proved without the walk of ``_limit_problems``."""
+    return len(entries) <= MAX_ENTRIES and (
+        not entries
+        or (max(map(len, entries)) <= MAX_NAME and max(map(len, entries.values())) <= longest)
+    )
+
+
+def _limit_problems(payload: WebhookPayload) -> list[dict[str, str]]:
     problems: list[dict[str, str]] = []
     for index, alert in enumerate(payload.alerts):
         where = f"alerts.{index}"

@@ -91,3 +91,24 @@ def test_every_alert_of_a_group_is_checked_and_each_problem_named():
     raw["alerts"].append(second)
     problems = alerts.check_limits(alerts.parse_payload(json.dumps(raw).encode()))
     assert _fields(problems) == ["alerts.1.labels.node", "alerts.1.labels.gpu"]
+
+
+@pytest.mark.parametrize(
+    "name", ["alertname", "instance", "node", "Hostname", "gpu", "UUID", "team", "x" * 257]
+)
+def test_the_quick_check_finds_what_the_full_walk_finds(name):
+    """``check_limits`` proves most deliveries fit without walking every entry; around every
+    limit it answers exactly what the walk of every entry answers."""
+    lengths = (1, 127, 128, 129, 252, 253, 254, 256, 257, 4096, 4097)
+    for length in lengths:
+        for value in ("v" * length, "v" * length + ":9400", "[" + "v" * length + "]:9400"):
+            raw = json.loads(alert_body())
+            raw["alerts"][0]["labels"][name] = value
+            raw["alerts"][0]["annotations"]["note"] = "a" * (length * 8)
+            payload = alerts.parse_payload(json.dumps(raw).encode())
+            assert alerts.check_limits(payload) == alerts._limit_problems(payload), (name, value)
+    for count in (alerts.MAX_ENTRIES - 1, alerts.MAX_ENTRIES, alerts.MAX_ENTRIES + 1):
+        raw = json.loads(alert_body())
+        raw["alerts"][0]["annotations"] = {f"a{i}": "x" for i in range(count)}
+        payload = alerts.parse_payload(json.dumps(raw).encode())
+        assert alerts.check_limits(payload) == alerts._limit_problems(payload), count

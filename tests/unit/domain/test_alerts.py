@@ -99,3 +99,46 @@ def test_deep_nesting_is_a_validation_error_not_a_crash():
     deep = b"[" * 100_000 + b"]" * 100_000
     with pytest.raises(pydantic.ValidationError):
         alerts.parse_payload(deep)
+
+
+_STAMP_TEXTS = [
+    "2026-11-30T00:01:55Z",
+    "2026-11-30T00:01:55.123456789+02:00",
+    "2026-11-30 00:01:55z",
+    "0001-01-01T00:00:00Z",
+    "0001-01-01T05:00:00+05:00",
+    "9999-12-31T23:59:59-23:59",
+    "2026-02-30T00:01:55Z",
+    "2026-11-30T00:01:55",
+    "yesterday",
+    "",
+]
+
+
+def _outcome(parse, value):
+    try:
+        return parse(value)
+    except ValueError as e:
+        return ("error", str(e))
+
+
+@pytest.mark.parametrize("text", _STAMP_TEXTS)
+def test_remembered_timestamps_are_what_parsing_gives(text):
+    """Timestamp texts are parsed once and remembered; what comes back, value or error, is
+    the same on every call as what parsing the text gives."""
+    alerts._STAMPS.clear()
+    expected = _outcome(alerts._parse_timestamp, text)
+    assert [_outcome(alerts.parse_timestamp, text) for _ in range(3)] == [expected] * 3
+    assert (text in alerts._STAMPS) == (not isinstance(expected, tuple))
+    if not isinstance(expected, tuple):
+        assert expected.tzinfo is dt.UTC
+
+
+def test_remembered_timestamps_are_bounded():
+    alerts._STAMPS.clear()
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    for second in range(alerts._MAX_STAMPS + 10):
+        stamp = start + dt.timedelta(seconds=second)
+        text = stamp.isoformat().replace("+00:00", "Z")
+        assert alerts.parse_timestamp(text) == stamp
+        assert len(alerts._STAMPS) <= alerts._MAX_STAMPS

@@ -91,3 +91,13 @@ def test_a_token_entry_needs_exactly_one_secret():
         auth.TokenEntry(name="x", roles=[auth.Role.ADMIN])
     with pytest.raises(pydantic.ValidationError):
         auth.TokenEntry(name="x", token="a" * 32, token_sha256="0" * 64, roles=[auth.Role.ADMIN])
+
+
+def test_a_principal_may_what_one_of_its_roles_may():
+    roles = list(auth.Role)
+    for mask in range(2 ** len(roles)):
+        held = frozenset(role for i, role in enumerate(roles) if mask >> i & 1)
+        principal = auth.Principal("p", held)
+        for permission in auth.Permission:
+            expected = any(permission in auth.ROLE_PERMISSIONS[role] for role in held)
+            assert principal.can(permission) is expected, (held, permission)
