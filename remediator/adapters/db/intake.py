@@ -78,7 +78,7 @@ class IntakeWriter:
     async def store(self, delivery: Delivery) -> Stored:
         """Enqueue and wait until committed. Raises ``StoreUnavailable`` if it could not be."""
         future: asyncio.Future[Stored] = asyncio.get_running_loop().create_future()
-        await self._queue.put((delivery, future))
+        self._queue.put_nowait((delivery, future))  # unbounded: never waits
         return await future
 
     async def run(self) -> None:

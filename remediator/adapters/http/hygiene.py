@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -96,32 +97,44 @@ def same_origin(request: web.Request, origin: str, external_url: str | None) -> 
 
 
 def _loopback_host(request: web.Request) -> bool:
-    found = _HOST.fullmatch(request.headers.get("Host", ""))
+    return _loopback_name(request.headers.get("Host", ""))
+
+
+@functools.lru_cache(maxsize=64)
+def _loopback_name(host: str) -> bool:
+    found = _HOST.fullmatch(host)
     return found is not None and found["host"].lower() in LOOPBACK
 
 
+_NO_LIMITS = Limits()
+
+
 def _refusal(request: web.Request) -> web.Response | None:
-    if http_auth.TOKENS not in request.app and not _loopback_host(request):
+    app = request.app
+    if app.get(http_auth.TOKENS) is None and not _loopback_host(request):
         return http_errors.error_response(
             421,
             "misdirected_request",
             "without a tokens file only localhost, 127.0.0.1 and [::1] are served",
         )
+    headers = request.headers
     if request.method in STATE_CHANGING:
-        limits = request.app.get(LIMITS, Limits())
-        origin = request.headers.get("Origin")
-        cross_site = request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site"
+        limits = app.get(LIMITS, _NO_LIMITS)
+        origin = headers.get("Origin")
+        cross_site = headers.get("Sec-Fetch-Site", "").lower() == "cross-site"
         foreign = origin is not None and not same_origin(request, origin, limits.external_url)
         if cross_site or foreign:
             return http_errors.error_response(
                 403, "cross_origin", "cross-origin requests may not change anything"
             )
-    if any("\x00" in key or "\x00" in value for key, value in request.query.items()):
+    if request.query_string and any(
+        "\x00" in key or "\x00" in value for key, value in request.query.items()
+    ):
         return http_errors.error_response(  # Postgres cannot compare text with NUL in it
             400, "invalid", "query parameters may not contain NUL characters"
         )
-    encoding = request.headers.get("Content-Encoding", "").strip().lower()
-    if request.body_exists and encoding not in ("", "identity"):
+    encoding = headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity") and request.body_exists:
         request[HANG_UP] = True
         return http_errors.error_response(
             415, "unsupported_media_type", "compressed request bodies are not accepted"
@@ -173,18 +186,24 @@ def require_type(request: web.Request, expected: str) -> None:
 
 async def read_body(request: web.Request, *, limit: int) -> bytes:
     """The whole body: at most ``limit`` bytes (413), within ``body_read_timeout`` (408)."""
-    too_large = http_errors.Refused(413, "too_large", f"body above {limit} bytes")
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
+    length = request.content_length
+    if length is not None and length > limit:
+        raise _too_large(limit)
+    content = request.content
+    if content.is_eof():  # the whole body has arrived (the usual case): nothing to wait for
+        body = content.read_nowait(-1)
+        if len(body) > limit:
+            raise _too_large(limit)
+        return body
     chunks: list[bytes] = []
     size = 0
-    timeout = request.app.get(LIMITS, Limits()).body_read_timeout
+    timeout = request.app.get(LIMITS, _NO_LIMITS).body_read_timeout
     try:
         async with asyncio.timeout(timeout):
-            while chunk := await request.content.read(65536):
+            while chunk := await content.read(65536):
                 size += len(chunk)
                 if size > limit:
-                    raise too_large
+                    raise _too_large(limit)
                 chunks.append(chunk)
     except TimeoutError:
         request[HANG_UP] = True
@@ -192,6 +211,10 @@ async def read_body(request: web.Request, *, limit: int) -> bytes:
             408, "timeout", f"the body did not arrive within {timeout:g} s"
         ) from None
     return b"".join(chunks)
+
+
+def _too_large(limit: int) -> http_errors.Refused:
+    return http_errors.Refused(413, "too_large", f"body above {limit} bytes")
 
 
 def _refuse_constant(name: str) -> Any:
