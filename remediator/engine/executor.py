@@ -193,6 +193,7 @@ class _Recorder:
         self, batch: list[_Outcome], tx: store.Tx
     ) -> list[_Recorded | Exception | None]:
         results: list[_Recorded | Exception | None] = []
+        tx.read_runs(outcome.step.run_id for outcome in batch)
         for outcome in batch:
             try:
                 with isolation.unit(tx):

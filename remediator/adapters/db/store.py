@@ -7,6 +7,7 @@ its audit event commit together or not at all.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import time
@@ -53,6 +54,13 @@ _GET_RUN = sa.select(R).where(R.c.id == sa.bindparam("w_id"))
 _GET_STEP = sa.select(S).where(S.c.id == sa.bindparam("w_id"))
 _GET_EPISODE = sa.select(E).where(E.c.id == sa.bindparam("w_id"))
 _STEPS_OF_RUN = sa.select(S).where(S.c.run_id == sa.bindparam("w_run_id")).order_by(S.c.seq, S.c.id)
+_GET_RUNS = sa.select(R).where(R.c.id.in_(sa.bindparam("w_ids", expanding=True)))
+_GET_EPISODES = sa.select(E).where(E.c.id.in_(sa.bindparam("w_ids", expanding=True)))
+_STEPS_OF_RUNS = (
+    sa.select(S)
+    .where(S.c.run_id.in_(sa.bindparam("w_run_ids", expanding=True)))
+    .order_by(S.c.run_id, S.c.seq, S.c.id)
+)
 _INSERT_STEPS = sa.insert(S).returning(*S.c)
 _TRANSITION_RUN = (
     sa.update(R)
@@ -78,11 +86,6 @@ _COUNT_NODE_RUNS = (
         R.c.kind != "undo",
     )
 )
-_DROP_EXPIRED_LOCK = sa.delete(L).where(
-    L.c.key == sa.bindparam("w_key"),
-    L.c.expires_at.is_not(None),
-    L.c.expires_at <= sa.bindparam("w_now", type_=tables.UTCDateTime()),
-)
 _RELEASE_RUN_LOCKS = (
     sa.delete(L)
     .where(L.c.run_id == sa.bindparam("w_run_id"), L.c.expires_at.is_(None))
@@ -94,10 +97,27 @@ _HEAD = (
     sa.select(H.c.last_id, H.c.last_hash).where(H.c.id == 1).with_for_update(),
 )
 # Dialect-specific upserts, one per backend: (SQLite, Postgres).
-_TAKE_LOCK = tuple(
-    insert(L).on_conflict_do_nothing(index_elements=[L.c.key]).returning(L.c.key)
-    for insert in (sqlite.insert, postgresql.insert)
-)
+
+
+def _take_lock(insert: Any) -> Any:
+    """Take a lock nobody holds, or one whose holder's time ran out, in one statement (it was
+    a delete of the expired holder, then an insert: two statements per key, two keys per
+    alert); a live holder keeps it and nothing is returned."""
+    statement = insert(L)
+    return statement.on_conflict_do_update(
+        index_elements=[L.c.key],
+        set_={
+            "run_id": statement.excluded.run_id,
+            "acquired_at": statement.excluded.acquired_at,
+            "expires_at": statement.excluded.expires_at,
+        },
+        where=sa.and_(
+            L.c.expires_at.is_not(None), L.c.expires_at <= statement.excluded.acquired_at
+        ),
+    ).returning(L.c.key)
+
+
+_TAKE_LOCK = (_take_lock(sqlite.insert), _take_lock(postgresql.insert))
 _INSERT_RUN = sa.insert(R).returning(*R.c)
 _INSERT_ALERT_RUN = tuple(
     insert(R)
@@ -649,13 +669,15 @@ class SqlTx:
 
     def lock_unhandled_episodes(self, limit: int) -> list[records.Episode]:
         query = _LOCK_UNHANDLED[self.db.is_postgres]
-        return [episode_from_row(row) for row in self.conn.execute(query, {"w_limit": limit})]
+        found = [episode_from_row(row) for row in self.conn.execute(query, {"w_limit": limit})]
+        self._episodes.update((episode.id, episode) for episode in found)
+        return found
 
     def mark_episode_handled(self, episode: records.Episode) -> None:
-        self._episodes.pop(episode.id, None)
         self.conn.execute(
             _MARK_HANDLED, {"w_id": episode.id, "handled_status": episode.status.value}
         )
+        self._episodes[episode.id] = dataclasses.replace(episode, handled_status=episode.status)
 
     def get_episode(self, episode_id: int) -> records.Episode | None:
         if episode_id in self._episodes:
@@ -702,7 +724,10 @@ class SqlTx:
             return None
         self._seal("runs", row)
         run_id = int(row.id)
-        self._steps_of.pop(run_id, None)
+        # What was just written is what the rest of this transaction reads (the run is started
+        # and its first step made due at once): kept from RETURNING, not read again.
+        self._runs[run_id] = run_from_row(row)
+        self._steps_of[run_id] = []
         if new.steps:
             inserted = self.conn.execute(
                 _INSERT_STEPS,
@@ -735,6 +760,10 @@ class SqlTx:
             )
             for step_row in inserted:
                 self._seal("steps", step_row)
+                step = step_from_row(step_row)
+                self._steps[step.id] = step
+                self._steps_of[run_id].append(step)
+            self._steps_of[run_id].sort(key=lambda step: (step.seq, step.id))
         self.add_event(
             "run.created",
             actor=actor,
@@ -765,6 +794,33 @@ class SqlTx:
     def runs_of_episode(self, episode_id: int) -> list[records.Run]:
         query = sa.select(R).where(R.c.episode_id == episode_id).order_by(R.c.id)
         return [run_from_row(row) for row in self.conn.execute(query)]
+
+    def read_runs(self, run_ids: Iterable[int]) -> None:
+        wanted = sorted({run_id for run_id in run_ids if run_id not in self._runs})
+        if not wanted:
+            return
+        for row in self.conn.execute(_GET_RUNS, {"w_ids": wanted}):
+            self._runs[row.id] = run_from_row(row)
+        steps: dict[int, list[records.Step]] = {run_id: [] for run_id in wanted}
+        for row in self.conn.execute(_STEPS_OF_RUNS, {"w_run_ids": wanted}):
+            step = step_from_row(row)
+            steps[step.run_id].append(step)
+        for run_id, found in steps.items():
+            if run_id not in self._steps_of:
+                self._steps_of[run_id] = found
+                self._steps.update((step.id, step) for step in found)
+        episodes = sorted(
+            {
+                run.episode_id
+                for run_id in wanted
+                if (run := self._runs.get(run_id)) is not None
+                and run.episode_id is not None
+                and run.episode_id not in self._episodes
+            }
+        )
+        if episodes:
+            for row in self.conn.execute(_GET_EPISODES, {"w_ids": episodes}):
+                self._episodes[row.id] = episode_from_row(row)
 
     def steps_of_run(self, run_id: int) -> list[records.Step]:
         steps = self._steps_of.get(run_id)
@@ -1144,7 +1200,6 @@ class SqlTx:
 
     def try_lock(self, key: str, *, run_id: int | None, expires_at: dt.datetime | None) -> bool:
         """Take ``key`` unless someone holds it (an expired holder loses it)."""
-        self.conn.execute(_DROP_EXPIRED_LOCK, {"w_key": key, "w_now": self.now})
         taken = self.conn.execute(
             _TAKE_LOCK[self.db.is_postgres],
             {"key": key, "run_id": run_id, "acquired_at": self.now, "expires_at": expires_at},

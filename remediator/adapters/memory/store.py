@@ -223,6 +223,9 @@ class MemoryTx(fleet.FleetTx):
             if run.episode_id == episode_id
         ]
 
+    def read_runs(self, run_ids: Iterable[int]) -> None:
+        pass  # everything is in memory already
+
     def steps_of_run(self, run_id: int) -> list[records.Step]:
         return [tables.detached_step(step) for step in queries.steps_of(self.tables, run_id)]
 

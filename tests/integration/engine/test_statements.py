@@ -291,6 +291,8 @@ async def test_a_transactions_statements_do_not_wait_for_the_event_loop(database
         taken = turns - before
         finished = True
         await hogging
-        assert taken < statements // 4
+        # Waiting for the loop, each of the 2 x 40 statements takes a turn at least (216
+        # were counted); on a thread of its own the transaction takes a few, whatever it runs.
+        assert taken < 2 * statements
     finally:
         await db.dispose()
