@@ -321,7 +321,9 @@ class Engine:
 
     def _start(self, tx: store.Tx, index: playbooks.PlaybookIndex, done: _Pass) -> bool:
         started = False
-        for n, run in enumerate(tx.lock_pending_runs(self.settings.batch)):
+        pending = tx.lock_pending_runs(self.settings.batch)
+        tx.read_runs(run.id for run in pending)  # their steps and episodes, in two statements
+        for n, run in enumerate(pending):
             if n and tx.should_yield():
                 return True  # come back for the rest
             playbook = index.get(run.playbook)
@@ -352,6 +354,7 @@ class Engine:
     def _advance(self, tx: store.Tx, done: _Pass) -> bool:
         registry = self.services.registry
         candidates = tx.active_runs_with_no_active_step(self.settings.batch)
+        tx.read_runs(run.id for run in candidates)
         for n, run in enumerate(candidates):
             if n and tx.should_yield():
                 break

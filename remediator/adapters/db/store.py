@@ -796,17 +796,17 @@ class SqlTx:
         return [run_from_row(row) for row in self.conn.execute(query)]
 
     def read_runs(self, run_ids: Iterable[int]) -> None:
-        wanted = sorted({run_id for run_id in run_ids if run_id not in self._runs})
-        if not wanted:
-            return
-        for row in self.conn.execute(_GET_RUNS, {"w_ids": wanted}):
-            self._runs[row.id] = run_from_row(row)
-        steps: dict[int, list[records.Step]] = {run_id: [] for run_id in wanted}
-        for row in self.conn.execute(_STEPS_OF_RUNS, {"w_run_ids": wanted}):
-            step = step_from_row(row)
-            steps[step.run_id].append(step)
-        for run_id, found in steps.items():
-            if run_id not in self._steps_of:
+        wanted = set(run_ids)
+        missing = sorted(wanted - self._runs.keys())
+        if missing:
+            for row in self.conn.execute(_GET_RUNS, {"w_ids": missing}):
+                self._runs[row.id] = run_from_row(row)
+        unread = sorted(wanted - self._steps_of.keys())
+        if unread:
+            steps: dict[int, list[records.Step]] = {run_id: [] for run_id in unread}
+            for row in self.conn.execute(_STEPS_OF_RUNS, {"w_run_ids": unread}):
+                steps[row.run_id].append(self._steps.get(row.id) or step_from_row(row))
+            for run_id, found in steps.items():
                 self._steps_of[run_id] = found
                 self._steps.update((step.id, step) for step in found)
         episodes = sorted(
@@ -838,7 +838,9 @@ class SqlTx:
 
     def lock_pending_runs(self, limit: int) -> list[records.Run]:
         query = _LOCK_STARTABLE[self.db.is_postgres]
-        return [run_from_row(row) for row in self.conn.execute(query, {"w_limit": limit})]
+        found = [run_from_row(row) for row in self.conn.execute(query, {"w_limit": limit})]
+        self._runs.update((run.id, run) for run in found)
+        return found
 
     @overload
     def apply(self, change: transitions.StepChange) -> records.Step: ...
@@ -1063,7 +1065,9 @@ class SqlTx:
 
     def active_runs_with_no_active_step(self, limit: int) -> list[records.Run]:
         query = _LOCK_ADVANCEABLE[self.db.is_postgres]
-        return [run_from_row(row) for row in self.conn.execute(query, {"w_limit": limit})]
+        found = [run_from_row(row) for row in self.conn.execute(query, {"w_limit": limit})]
+        self._runs.update((run.id, run) for run in found)
+        return found
 
     # -- effects ledger --------------------------------------------------------------------
 

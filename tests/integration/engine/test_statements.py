@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from remediator.adapters.db import database, migrate
+from remediator.adapters.db import database, migrate, tables
 from remediator.adapters.db import store as sql_store
 from tests.contract.plans import new_run
 
@@ -294,5 +294,74 @@ async def test_a_transactions_statements_do_not_wait_for_the_event_loop(database
         # Waiting for the loop, each of the 2 x 40 statements takes a turn at least (216
         # were counted); on a thread of its own the transaction takes a few, whatever it runs.
         assert taken < 2 * statements
+    finally:
+        await db.dispose()
+
+
+async def test_what_a_transaction_wrote_or_read_in_a_batch_is_not_read_again(
+    database_url: str,
+) -> None:
+    """A new run and its steps are kept from the insert; the runs a stage works on are read
+    with their steps and episodes in three statements, however many there are; an expired
+    lock is taken over in one. Each of these was a statement per run (or two per lock), 31
+    an alert in a burst (23 after)."""
+    db = database.Database(database_url)
+    await migrate.upgrade(db)
+    store = sql_store.SqlStore(db, clock=lambda: NOW)
+    ran: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if not statement.startswith(("BEGIN", "SAVEPOINT", "RELEASE")):
+            ran.append(" ".join(statement.split())[:60])
+
+    def insert_two(tx: sql_store.SqlTx) -> list[int]:
+        ids = []
+        for node in ("gpu-node-01", "gpu-node-02"):
+            episode = tx.conn.execute(
+                sa.insert(tables.alert_episodes).returning(tables.alert_episodes.c.id),
+                {
+                    "fingerprint": node,
+                    "starts_at": NOW,
+                    "alertname": "GPUXidError79",
+                    "status": "firing",
+                    "labels": {"alertname": "GPUXidError79", "node": node},
+                    "annotations": {},
+                    "generator_url": "",
+                    "created_at": NOW,
+                },
+            ).scalar_one()
+            run_id = tx.insert_run(new_run(episode_id=episode, node=node), actor="test")
+            assert run_id is not None
+            ran.clear()
+            assert [s.key for s in tx.steps_of_run(run_id)] == ["first", "second"]
+            assert tx.get_run(run_id) is not None
+            assert ran == []  # kept from the insert
+            ids.append(run_id)
+        tx.try_lock("cooldown:x", run_id=None, expires_at=NOW)  # expired at once
+        return ids
+
+    def read_back(tx: sql_store.SqlTx, ids: list[int]) -> None:
+        ran.clear()
+        tx.read_runs(ids)
+        assert len(ran) == 3  # runs, their steps, their episodes
+        ran.clear()
+        for run_id in ids:
+            run = tx.get_run(run_id)
+            assert run is not None
+            assert run.episode_id is not None
+            assert tx.get_episode(run.episode_id) is not None
+            assert len(tx.steps_of_run(run_id)) == 2
+            assert tx.get_step(tx.steps_of_run(run_id)[0].id) is not None
+        assert ran == []
+        assert tx.try_lock("cooldown:x", run_id=ids[0], expires_at=None)
+        assert len(ran) == 1  # the expired holder lost it, in one statement
+
+    try:
+        sa.event.listen(sa.Engine, "before_cursor_execute", seen)
+        try:
+            ids = await store.run("prepare", insert_two)
+            await store.run("read", lambda tx: read_back(tx, ids))
+        finally:
+            sa.event.remove(sa.Engine, "before_cursor_execute", seen)
     finally:
         await db.dispose()
