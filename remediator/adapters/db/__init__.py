@@ -1,1 +1,1 @@
-"""The SQL store (SQLAlchemy Core on aiosqlite, or on asyncpg and psycopg)."""
+"""The SQL store (SQLAlchemy Core on aiosqlite, or on asyncpg and psycopg2)."""

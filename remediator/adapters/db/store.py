@@ -454,7 +454,7 @@ class _DisruptedNodes(AbstractSet[str]):
 
 class SqlStore:
     """Runs the engine's transactions. Each transaction is synchronous code run as one call
-    into the database (a worker thread: SQLite's writer, or one of Postgres's over psycopg),
+    into the database (a worker thread: SQLite's writer, or one of Postgres's over psycopg2),
     so no statement waits for a turn of the event loop and the write lock is never held
     across one."""
 
@@ -547,6 +547,7 @@ class SqlTx:
         self._steps: dict[int, records.Step] = {}
         self._steps_of: dict[int, list[records.Step]] = {}
         self._held: dict[str, set[str]] = {}  # live lock keys by prefix, read once
+        self._guards_locked = False
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -615,6 +616,7 @@ class SqlTx:
         nested.commit()
 
     def _forget(self) -> None:
+        self._guards_locked = False  # a lock taken in a savepoint rolled back is released
         self._fleet_guards.clear()
         self._held.clear()
         self._runs.clear()
@@ -998,10 +1000,11 @@ class SqlTx:
         """Serialize fleet guard decisions (budget, breaker, per-node limits) across replicas
         until the transaction ends: they count rows and then add one, which two replicas
         must not do at once. SQLite has one writer at a time already."""
-        if not self.db.is_postgres:
-            return
+        if not self.db.is_postgres or self._guards_locked:
+            return  # (held until the transaction ends: two statements once, not per decision)
         self.conn.execute(_ENSURE_GUARD_LOCK, {"updated_at": self.now})
         self.conn.execute(_LOCK_GUARDS).one()
+        self._guards_locked = True
 
     def set_guard_state(self, key: str, value: dict[str, Any]) -> None:
         self._fleet_guards.clear()
