@@ -17,10 +17,11 @@ import contextlib
 import dataclasses
 import datetime as dt
 import functools
+import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from remediator.domain import alerts, errors, playbooks, records, runs
@@ -396,7 +397,7 @@ class Engine:
         """Claim due steps (the guards admit disruptive ones) and load what each one acts
         on, so its runner starts at once, with no transaction of its own to read it."""
         until = lifecycle.lease_until(tx.now, self.settings.lease_seconds)
-        for n, step in enumerate(tx.lock_due_steps(room)):
+        for n, step in enumerate(self._reading_ahead(tx, tx.lock_due_steps(room))):
             if n and tx.should_yield():
                 break  # still due: the next pass claims it
             moved = isolation.run_unit(
@@ -408,6 +409,18 @@ class Engine:
             )
             if moved is not None:
                 done.claimed.append(executor.load_claimed(tx, moved))
+
+    @staticmethod
+    def _reading_ahead(
+        tx: store.Tx, steps: Iterable[records.Step], ahead: int = 16
+    ) -> Iterator[records.Step]:
+        """``steps``, with the runs and episodes of the next ``ahead`` read in two statements
+        before they are claimed (each claim read its run and its episode, one statement each,
+        when an earlier pass had started the run)."""
+        source = iter(steps)
+        while chunk := list(itertools.islice(source, ahead)):
+            tx.read_runs((step.run_id for step in chunk), steps=False)
+            yield from chunk
 
     async def _after(self, done: _Pass) -> None:
         """What follows a committed pass: metrics and notices, then the claimed steps run."""

@@ -60,10 +60,10 @@ class Tx(Protocol):
     def runs_of_episode(self, episode_id: int) -> list[records.Run]: ...
     def steps_of_run(self, run_id: int) -> list[records.Step]: ...
     def get_step(self, step_id: int) -> records.Step | None: ...
-    def read_runs(self, run_ids: Iterable[int]) -> None:
-        """Read these runs, their steps and their episodes at once, for ``get_run``,
-        ``steps_of_run``, ``get_step`` and ``get_episode`` later in this transaction (a batch
-        of step outcomes asked for each, one statement at a time)."""
+    def read_runs(self, run_ids: Iterable[int], *, steps: bool = True) -> None:
+        """Read these runs, their episodes and (``steps``) their steps at once, for
+        ``get_run``, ``get_episode``, ``steps_of_run`` and ``get_step`` later in this
+        transaction (a batch of step outcomes asked for each, one statement at a time)."""
 
     def lock_pending_runs(self, limit: int) -> list[records.Run]: ...
 

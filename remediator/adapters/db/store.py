@@ -395,10 +395,21 @@ _HELD_KEYS = sa.select(L.c.key).where(
     L.c.key.startswith(sa.bindparam("w_prefix")),
     sa.or_(L.c.expires_at.is_(None), L.c.expires_at > _NOW),
 )
-_NODE_LAST_DISRUPTED = sa.select(
+
+
+def _active_count(*where: Any) -> Any:
+    return sa.func.coalesce(sa.func.sum(sa.case((sa.and_(_ACTIVE, *where), 1), else_=0)), 0)
+
+
+# One node's disruptions in one read: when it was last disrupted (the cooldown), and whether
+# it is disrupted now, in all pools and in the decision's pool (the budget's "already
+# counted"); that last was a second statement per decision.
+_NODE_DISRUPTION = sa.select(
     sa.type_coerce(
         sa.func.max(sa.func.coalesce(D.c.released_at, D.c.started_at)), tables.UTCDateTime()
-    )
+    ).label("last"),
+    _active_count().label("active"),
+    _active_count(_IN_POOL).label("active_in_pool"),
 ).where(D.c.node == sa.bindparam("w_node"))
 #: Before any reset of the breaker: every run in the window counts.
 _NEVER = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -439,6 +450,10 @@ class _DisruptedNodes(AbstractSet[str]):
 
     def __iter__(self) -> Iterator[str]:
         return iter([row.node for row in self._run("all")])
+
+    def learn(self, node: str, disrupted: bool) -> None:
+        """Whether ``node`` is one, read with its other disruption facts (no query of its own)."""
+        self._known.setdefault(node, disrupted)
 
     def adding(self, node: str) -> Callable[[], None]:
         """Before ``node``'s disruption is written: what to do once it is."""
@@ -797,18 +812,18 @@ class SqlTx:
         query = sa.select(R).where(R.c.episode_id == episode_id).order_by(R.c.id)
         return [run_from_row(row) for row in self.conn.execute(query)]
 
-    def read_runs(self, run_ids: Iterable[int]) -> None:
+    def read_runs(self, run_ids: Iterable[int], *, steps: bool = True) -> None:
         wanted = set(run_ids)
         missing = sorted(wanted - self._runs.keys())
         if missing:
             for row in self.conn.execute(_GET_RUNS, {"w_ids": missing}):
                 self._runs[row.id] = run_from_row(row)
-        unread = sorted(wanted - self._steps_of.keys())
+        unread = sorted(wanted - self._steps_of.keys()) if steps else []
         if unread:
-            steps: dict[int, list[records.Step]] = {run_id: [] for run_id in unread}
+            of: dict[int, list[records.Step]] = {run_id: [] for run_id in unread}
             for row in self.conn.execute(_STEPS_OF_RUNS, {"w_run_ids": unread}):
-                steps[row.run_id].append(self._steps.get(row.id) or step_from_row(row))
-            for run_id, found in steps.items():
+                of[row.run_id].append(self._steps.get(row.id) or step_from_row(row))
+            for run_id, found in of.items():
                 self._steps_of[run_id] = found
                 self._steps.update((step.id, step) for step in found)
         episodes = sorted(
@@ -962,7 +977,9 @@ class SqlTx:
         disrupted, breaker, recent = fleet
         last = None
         if node is not None:
-            last = self.conn.execute(_NODE_LAST_DISRUPTED, {"w_node": node}).scalar_one()
+            row = self.conn.execute(_NODE_DISRUPTION, {"w_node": node, "w_pool": pool}).one()
+            last = row.last
+            disrupted.learn(node, bool(row.active_in_pool if pool is not None else row.active))
         return guards.Snapshot(
             disrupted_nodes=disrupted,
             gpu_nodes=gpu_nodes,

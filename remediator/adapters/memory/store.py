@@ -223,7 +223,7 @@ class MemoryTx(fleet.FleetTx):
             if run.episode_id == episode_id
         ]
 
-    def read_runs(self, run_ids: Iterable[int]) -> None:
+    def read_runs(self, run_ids: Iterable[int], *, steps: bool = True) -> None:
         pass  # everything is in memory already
 
     def steps_of_run(self, run_id: int) -> list[records.Step]:

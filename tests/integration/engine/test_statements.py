@@ -111,6 +111,10 @@ async def test_a_guard_decision_counts_the_disrupted_nodes_without_reading_them(
             sa.event.remove(sa.engine.Engine, "before_cursor_execute", seen)
         assert found == [50, True, True, False, 25, True, False, False, 51, True, 27, True]
         assert not [s for s in statements if s.lstrip().startswith("SELECT DISTINCT")]
+        # node-7 and node-8 asked about in each scope; the decision's own node was answered
+        # by the read of its last disruption (the cooldown), not by a statement of its own
+        asked = [s for s in statements if "EXISTS" in s and "disruptions" in s]
+        assert len(asked) == 4
     finally:
         await db.dispose()
 

@@ -74,11 +74,26 @@ async def test_an_xid_cordon_waits_while_the_node_driver_is_being_upgraded(
     assert step(await only_run(h, playbook="gpu-xid-error"), "cordon")["status"] == "pending"
 
     set_label(sim, node, key, done)
+    await seen_by_the_server(h, node, key, done)
     clock.advance(20)
     await h.settle()
     detail = await only_run(h, playbook="gpu-xid-error")
     assert step(detail, "cordon")["status"] == "succeeded", statuses(detail)
     assert cordoned(sim, node)
+
+
+async def seen_by_the_server(
+    h: Any, node: str, key: str, value: str | None, *, unschedulable: bool | None = None
+) -> None:
+    """Wait (5 s at most) until the server's node watch delivered a change: a pass right
+    after the change may still see the node as it was (a busy machine is slower)."""
+    cluster = h.components.cluster
+    for _ in range(500):
+        info = await cluster.get_node(node)
+        if info.labels.get(key) == value and unschedulable in (None, info.unschedulable):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the server never saw {key}={value} on {node}")
 
 
 H100 = "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
@@ -211,6 +226,7 @@ async def test_a_rollout_triggered_again_stops_at_a_failed_node_until_a_person_c
     sim.cluster.store.mutate(
         "nodes", "", "gpu-node-02", lambda obj: obj["spec"].update(unschedulable=False)
     )
+    await seen_by_the_server(h, "gpu-node-02", MARK, None, unschedulable=False)
     resumed = await start_rollout(h)
     assert resumed["status"] == "succeeded", step(resumed, "rollout")["output"]
     assert [n["result"] for n in step(resumed, "rollout")["output"]["nodes"]] == [
