@@ -44,6 +44,24 @@ def normalise_url(url: str) -> str:
     return url
 
 
+# asyncpg's URL options that libpq (psycopg2) names otherwise or does not know.
+_ASYNCPG_ONLY = frozenset(
+    {"prepared_statement_cache_size", "prepared_statement_name_func", "command_timeout"}
+)
+
+
+def libpq_url(url: str) -> sa.URL:
+    """The Postgres URL for psycopg2: asyncpg's ``ssl=`` is libpq's ``sslmode=`` (``true``
+    meaning ``require``), and options only asyncpg knows are left out."""
+    parsed = sa.engine.make_url(url)
+    query = {k: v for k, v in parsed.query.items() if k not in _ASYNCPG_ONLY}
+    ssl = query.pop("ssl", None)
+    if ssl is not None and "sslmode" not in query:
+        text = ssl if isinstance(ssl, str) else ssl[-1]
+        query["sslmode"] = "require" if text.lower() in ("true", "1", "yes") else text
+    return parsed.set(drivername="postgresql+psycopg2", query=query)
+
+
 class WriteLock:
     """SQLite's single writer, shared fairly but with the webhook first.
 
@@ -132,7 +150,7 @@ class Database:
         self._pg_threads: concurrent.futures.ThreadPoolExecutor | None = None
         if self.is_postgres:
             self._pg_sync = sa.create_engine(
-                sa.engine.make_url(self.url).set(drivername="postgresql+psycopg2"),
+                libpq_url(self.url),
                 pool_size=pool_size,
                 max_overflow=0,
                 pool_pre_ping=True,
