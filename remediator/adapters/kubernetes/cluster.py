@@ -14,8 +14,8 @@ import contextlib
 import datetime as dt
 import re
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -24,6 +24,7 @@ from remediator.adapters.kubernetes import convert, informer, library, streams, 
 from remediator.adapters.kubernetes.library import Configuration, WsApiClient
 from remediator.ports import cluster as port
 
+T = TypeVar("T")
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 NODES = "/api/v1/nodes"
@@ -92,15 +93,19 @@ class KubeCluster:
         return self._seen(convert.node(obj))
 
     async def list_nodes(self, label_selector: str = "") -> list[port.NodeInfo]:
-        items, _ = await self._list("list nodes", NODES, label_selector=label_selector)
-        return [convert.node(i) for i in items]
+        nodes, _ = await self._list(
+            "list nodes", NODES, convert.node, label_selector=label_selector
+        )
+        return nodes
 
     async def gpu_fleet(self) -> port.GpuFleet | None:
         if self._informer is None:
             selector = self.settings.gpu_node_selector
             self._informer = informer.NodeInformer(
                 selector=selector,
-                lister=lambda: self._list("list GPU nodes", NODES, label_selector=selector),
+                lister=lambda: self._list(
+                    "list GPU nodes", NODES, convert.node, label_selector=selector
+                ),
                 watcher=lambda version: self._watch(NODES, version, label_selector=selector),
             )
         return self._informer.fleet if await self._informer.ready() else None
@@ -210,17 +215,20 @@ class KubeCluster:
         self,
         what: str,
         path: str,
+        item: Callable[[dict[str, Any]], T],
         params: Mapping[str, str] | None = None,
         *,
         field_selector: str = "",
         label_selector: str = "",
         limit: int | None = None,
-    ) -> tuple[list[dict[str, Any]], str]:
+    ) -> tuple[list[T], str]:
         """Every item, in pages of ``limit`` (else ``page_size``, as kubectl lists), and the
         list's resourceVersion: one answer for a 5,000-node fleet was a quarter of a second of
         JSON on the event loop, every webhook and step waiting behind it; between pages the
-        loop serves them."""
-        items: list[dict[str, Any]] = []
+        loop serves them. Each page is made into ``item``s as it arrives, so no more than one
+        page of raw JSON objects is held: all 5,800 nodes of a fleet, parsed, kept the
+        server's memory 50 MB higher after the first list."""
+        items: list[T] = []
         token: str | None = None
         while True:
             query: list[tuple[str, Any]] = [("continue", token)] if token else []
@@ -234,7 +242,7 @@ class KubeCluster:
                 return await self._json("GET", path, params or {}, query=query)
 
             page = await self._retrier.call(what, fetch)
-            items.extend(page.get("items") or [])
+            items.extend(item(obj) for obj in page.get("items") or [])
             meta = page.get("metadata") or {}
             token = meta.get("continue")
             if not token:
@@ -249,23 +257,25 @@ class KubeCluster:
         page_size: int = PAGE,
     ) -> list[port.PodInfo]:
         if namespace:
-            items, _ = await self._list(
+            pods, _ = await self._list(
                 f"list pods in {namespace}",
                 NAMESPACED_PODS,
+                convert.pod,
                 {"namespace": namespace},
                 field_selector=field_selector,
                 label_selector=label_selector,
                 limit=page_size,
             )
         else:
-            items, _ = await self._list(
+            pods, _ = await self._list(
                 "list pods",
                 PODS,
+                convert.pod,
                 field_selector=field_selector,
                 label_selector=label_selector,
                 limit=page_size,
             )
-        return [convert.pod(i) for i in items]
+        return pods
 
     async def get_pod(self, namespace: str, name: str) -> port.PodInfo:
         obj = await self._retrier.call(
@@ -358,14 +368,15 @@ class KubeCluster:
 
     async def list_pdbs(self, namespace: str | None = None) -> list[port.PdbInfo]:
         if namespace:
-            items, _ = await self._list(
+            pdbs, _ = await self._list(
                 f"list poddisruptionbudgets in {namespace}",
                 NAMESPACED_PDBS,
+                convert.pdb,
                 {"namespace": namespace},
             )
         else:
-            items, _ = await self._list("list poddisruptionbudgets", PDBS)
-        return [convert.pdb(i) for i in items]
+            pdbs, _ = await self._list("list poddisruptionbudgets", PDBS, convert.pdb)
+        return pdbs
 
     async def find_driver_pod(
         self, node: str, *, namespace: str | None = None, selector: str | None = None

@@ -35,7 +35,7 @@ WATCH_SECONDS = 300
 FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 30.0
 
-Lister = Callable[[], Awaitable[tuple[list[Obj], str]]]
+Lister = Callable[[], Awaitable[tuple[list[port.NodeInfo], str]]]
 """Every matching node and the list's resourceVersion."""
 Watcher = Callable[[str], AsyncIterator[Obj]]
 """The watch events from a resourceVersion (``{"type": ..., "object": ...}``), until the
@@ -133,8 +133,7 @@ class NodeInformer:
                 await asyncio.sleep(delay)
 
     async def _list(self) -> str:
-        items, version = await self._lister()
-        nodes = [convert.node(item) for item in items]
+        nodes, version = await self._lister()
         self._nodes = {node.name: node for node in nodes}
         self.fleet.replace({node.name: node.labels for node in nodes})
         self.synced = True
