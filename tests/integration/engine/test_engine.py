@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from unittest import mock
 
 import pytest
@@ -492,3 +493,32 @@ async def test_an_engine_batch_gives_way_to_a_waiting_webhook_commit(make_harnes
         # within its budget (or on Postgres, whose writers do not queue behind each other)
         assert created_first == 3
     assert not await h.engine.handle_episodes()
+
+
+async def test_each_stage_reads_its_runs_context_in_batch_not_per_run(make_harness):
+    """When passes split (a webhook waits), the next stage finds runs it did not create: it
+    reads their steps, episodes and runs a few statements for the lot, not one per run."""
+    import sqlalchemy as sa
+
+    h = await make_harness(TWO_STEPS.replace("on_resolve: cancel", "exclusive: false"))
+    for i in range(4):
+        await h.post(alert_body(node=f"gpu-node-{i:02d}"))
+    one_by_one: list[str] = []
+    by_id = re.compile(r"WHERE (runs\.id|alert_episodes\.id|steps\.run_id) = (\?|%\(|\$)")
+
+    def seen(conn, cursor, statement, *args):
+        found = by_id.search(" ".join(statement.split()))
+        if found and statement.lstrip().startswith("SELECT"):
+            one_by_one.append(found[1])
+
+    assert await h.engine.handle_episodes()
+    sa.event.listen(sa.Engine, "before_cursor_execute", seen)
+    try:
+        assert await h.engine.start_runs()  # each stage in its own transaction
+        assert await h.engine.advance_runs()
+        assert await h.engine.claim_steps()
+    finally:
+        sa.event.remove(sa.Engine, "before_cursor_execute", seen)
+    await h.settle()
+    assert one_by_one == []
+    assert sorted(r["status"] for r in await h.runs()) == ["succeeded"] * 4
