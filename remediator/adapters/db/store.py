@@ -96,7 +96,6 @@ _HEAD = (
     sa.select(H.c.last_id, H.c.last_hash).where(H.c.id == 1),
     sa.select(H.c.last_id, H.c.last_hash).where(H.c.id == 1).with_for_update(),
 )
-# Dialect-specific upserts, one per backend: (SQLite, Postgres).
 
 
 def _take_lock(insert: Any) -> Any:
@@ -117,6 +116,7 @@ def _take_lock(insert: Any) -> Any:
     ).returning(L.c.key)
 
 
+# Dialect-specific upserts, one per backend: (SQLite, Postgres).
 _TAKE_LOCK = (_take_lock(sqlite.insert), _take_lock(postgresql.insert))
 _INSERT_RUN = sa.insert(R).returning(*R.c)
 _INSERT_ALERT_RUN = tuple(

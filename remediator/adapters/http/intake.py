@@ -17,7 +17,6 @@ the source.
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import prometheus_client as prom
 import pydantic
@@ -133,9 +132,5 @@ async def post_alerts(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="application/json", charset="utf-8")
 
 
-# The answer of ``web.json_response`` with ``%d`` in place of each count.
-_STORED = (
-    json.dumps({"status": "stored", "deliveryId": 0, "alerts": 0, "changed": 0, "deduplicated": 0})
-    .replace("0", "%d")
-    .encode()
-)
+# The answer ``web.json_response`` wrote (``json.dumps``' separators), counts filled in.
+_STORED = b'{"status": "stored", "deliveryId": %d, "alerts": %d, "changed": %d, "deduplicated": %d}'
