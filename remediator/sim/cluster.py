@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import copy
 import dataclasses
 from typing import Any
 
 from remediator.sim import fleet as fleet_mod
-from remediator.sim import mutations, nvidia, objects, store
+from remediator.sim import mutations, nvidia, objects, store, values
 
 Obj = dict[str, Any]
 GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -278,7 +277,7 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 def _create_running(cluster: Cluster, pod: Obj) -> Obj:
     created = cluster.store.create("pods", pod)
     node = cluster.store.get("nodes", "", created["spec"].get("nodeName", ""))
-    running = copy.deepcopy(created)
+    running = values.clone(created)
     objects.mark_running(running, objects.node_ip(node) if node else "10.0.0.1")
     cluster.store.update("pods", running, check_rv=False)
     return running

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import random
 from typing import Any
 
-from remediator.sim import store
+from remediator.sim import store, values
 
 Obj = dict[str, Any]
 _ALNUM = "bcdfghjklmnpqrstvwxz2456789"  # what k8s.io/apimachinery/pkg/util/rand uses
@@ -44,7 +43,7 @@ def node(
     now = store.timestamp()
     spec: Obj = {"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24"]}
     if taints:
-        spec["taints"] = copy.deepcopy(taints)
+        spec["taints"] = values.clone(taints)
     if unschedulable:
         spec["unschedulable"] = True
     conditions = [
@@ -125,8 +124,8 @@ def pod_from_template(
     node_name: str | None = None,
     annotations: dict[str, str] | None = None,
 ) -> Obj:
-    meta = copy.deepcopy(template.get("metadata") or {})
-    spec = copy.deepcopy(template.get("spec") or {})
+    meta = values.clone(template.get("metadata") or {})
+    spec = values.clone(template.get("spec") or {})
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("terminationGracePeriodSeconds", 30)
     spec.setdefault("dnsPolicy", "ClusterFirst")

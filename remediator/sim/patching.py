@@ -8,10 +8,9 @@ Strategic merge knows the list merge keys of the fields the simulator's objects 
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-from remediator.sim import errors
+from remediator.sim import errors, values
 
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -68,8 +67,8 @@ def apply_patch(target: dict[str, Any], patch: Any, content_type: str) -> dict[s
 
 def merge_patch(target: Any, patch: Any) -> Any:
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+        return values.clone(patch)
+    result = values.clone(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
@@ -151,24 +150,24 @@ def _remove(doc: Any, tokens: list[str]) -> Any:
 
 
 def json_patch(target: dict[str, Any], ops: list[Any]) -> Any:
-    doc: Any = copy.deepcopy(target)
+    doc: Any = values.clone(target)
     for op in ops:
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
             raise errors.ApiError(422, "invalid JSON patch operation", reason="Invalid")
         kind = op["op"]
         tokens = _split_pointer(op["path"])
         if kind == "add":
-            doc = _add(doc, tokens, copy.deepcopy(op.get("value")))
+            doc = _add(doc, tokens, values.clone(op.get("value")))
         elif kind == "remove":
             _remove(doc, tokens)
         elif kind == "replace":
             _walk(doc, tokens)
             if tokens:
                 _remove(doc, tokens)
-            doc = _add(doc, tokens, copy.deepcopy(op.get("value")))
+            doc = _add(doc, tokens, values.clone(op.get("value")))
         elif kind in ("move", "copy"):
             source = _split_pointer(op["from"])
-            value = copy.deepcopy(_walk(doc, source))
+            value = values.clone(_walk(doc, source))
             if kind == "move":
                 _remove(doc, source)
             doc = _add(doc, tokens, value)
@@ -185,7 +184,7 @@ def json_patch(target: dict[str, Any], ops: list[Any]) -> Any:
 
 def strategic_merge(target: Any, patch: Any) -> Any:
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return values.clone(patch)
     patch = dict(patch)
     directive = patch.pop("$patch", None)
     if directive == "replace":
@@ -193,7 +192,7 @@ def strategic_merge(target: Any, patch: Any) -> Any:
     if directive == "delete":
         return None
     patch.pop("$retainKeys", None)
-    result: dict[str, Any] = copy.deepcopy(target) if isinstance(target, dict) else {}
+    result: dict[str, Any] = values.clone(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if key.startswith("$setElementOrder/"):
             continue
@@ -212,12 +211,12 @@ def strategic_merge(target: Any, patch: Any) -> Any:
             else:
                 result[key] = merged
         else:
-            result[key] = _strip_directives(copy.deepcopy(value))
+            result[key] = _strip_directives(values.clone(value))
     return result
 
 
 def _merge_list(existing: Any, patch: list[Any], field: str) -> list[Any]:
-    current: list[Any] = copy.deepcopy(existing) if isinstance(existing, list) else []
+    current: list[Any] = values.clone(existing) if isinstance(existing, list) else []
     merge_key = MERGE_KEYS[field]
     if field in PRIMITIVE_MERGE_LISTS:
         return current + [v for v in patch if v not in current]

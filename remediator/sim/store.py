@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import copy
 import dataclasses
 import datetime
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
-from remediator.sim import errors, resources
+from remediator.sim import errors, resources, values
 
 Obj = dict[str, Any]
 Hook = Callable[[str, str, Obj], None]
@@ -99,7 +98,7 @@ class Store:
 
     def get(self, store_key: str, namespace: str, name: str) -> Obj | None:
         obj = self._objects[store_key].get((namespace, name))
-        return copy.deepcopy(obj) if obj is not None else None
+        return values.clone(obj) if obj is not None else None
 
     def must_get(self, store_key: str, namespace: str, name: str) -> Obj:
         obj = self.get(store_key, namespace, name)
@@ -109,7 +108,7 @@ class Store:
         return obj
 
     def list(self, store_key: str, namespace: str | None = None) -> list[Obj]:
-        return [copy.deepcopy(o) for o in self.iter(store_key, namespace)]
+        return [values.clone(o) for o in self.iter(store_key, namespace)]
 
     def iter(self, store_key: str, namespace: str | None = None) -> Iterator[Obj]:
         """Iterate live objects without copying: callers must not mutate them."""
@@ -182,7 +181,7 @@ class Store:
         return str(self._rv)
 
     def create(self, store_key: str, obj: Obj) -> Obj:
-        obj = copy.deepcopy(obj)
+        obj = values.clone(obj)
         meta = obj.setdefault("metadata", {})
         res = resources.by_store_key(store_key)
         if not meta.get("name") and meta.get("generateName"):
@@ -205,11 +204,11 @@ class Store:
         obj.setdefault("apiVersion", res.api_version)
         self._objects[store_key][(namespace, name)] = obj
         self._emit(store_key, "ADDED", obj, None)
-        return copy.deepcopy(obj)
+        return values.clone(obj)
 
     def update(self, store_key: str, obj: Obj, *, check_rv: bool = True) -> Obj:
         """Replace an object; a non-empty ``metadata.resourceVersion`` is a precondition."""
-        obj = copy.deepcopy(obj)
+        obj = values.clone(obj)
         res = resources.by_store_key(store_key)
         meta = obj.setdefault("metadata", {})
         namespace = meta.get("namespace", "") if res.namespaced else ""
@@ -233,11 +232,11 @@ class Store:
         obj["apiVersion"] = old["apiVersion"]
         meta["resourceVersion"] = old["metadata"]["resourceVersion"]
         if obj == old:
-            return copy.deepcopy(old)  # no-op writes keep their resourceVersion
+            return values.clone(old)  # no-op writes keep their resourceVersion
         meta["resourceVersion"] = self._next_rv()
         self._objects[store_key][(namespace, name)] = obj
         self._emit(store_key, "MODIFIED", obj, old)
-        return copy.deepcopy(obj)
+        return values.clone(obj)
 
     def mutate(self, store_key: str, namespace: str, name: str, fn: Callable[[Obj], None]) -> Obj:
         """Read-modify-write without a precondition (for controllers)."""
@@ -247,7 +246,7 @@ class Store:
 
     def set_deletion(self, store_key: str, namespace: str, name: str, grace: int) -> Obj:
         old = self._objects[store_key][(namespace, name)]
-        obj = copy.deepcopy(old)
+        obj = values.clone(old)
         meta = obj["metadata"]
         deadline = utcnow() + datetime.timedelta(seconds=grace)
         meta["deletionTimestamp"] = timestamp(deadline)
@@ -255,17 +254,17 @@ class Store:
         meta["resourceVersion"] = self._next_rv()
         self._objects[store_key][(namespace, name)] = obj
         self._emit(store_key, "MODIFIED", obj, old)
-        return copy.deepcopy(obj)
+        return values.clone(obj)
 
     def delete(self, store_key: str, namespace: str, name: str) -> Obj:
         res = resources.by_store_key(store_key)
         old = self._objects[store_key].pop((namespace if res.namespaced else "", name), None)
         if old is None:
             raise errors.not_found(res.name, name, group=res.group)
-        obj = copy.deepcopy(old)
+        obj = values.clone(old)
         obj["metadata"]["resourceVersion"] = self._next_rv()
         self._emit(store_key, "DELETED", obj, old)
-        return copy.deepcopy(obj)
+        return values.clone(obj)
 
     def clear(self) -> None:
         self._objects.clear()
@@ -275,7 +274,7 @@ class Store:
     def dump(self) -> Objects:
         """Every object by store key (for a state file); the history is not kept."""
         return {
-            key: [copy.deepcopy(obj) for _, obj in sorted(bucket.items())]
+            key: [values.clone(obj) for _, obj in sorted(bucket.items())]
             for key, bucket in self._objects.items()
             if bucket
         }
@@ -291,7 +290,7 @@ class Store:
             for obj in items:
                 meta = obj["metadata"]
                 namespace = meta.get("namespace", "") if res.namespaced else ""
-                self._objects[store_key][(namespace, meta["name"])] = copy.deepcopy(obj)
+                self._objects[store_key][(namespace, meta["name"])] = values.clone(obj)
         for pod in self._objects["pods"].values():
             self._index_pod(pod, add=True)
         self._rv = resource_version
@@ -307,8 +306,8 @@ class Store:
             int(obj["metadata"]["resourceVersion"]),
             store_key,
             kind,
-            copy.deepcopy(obj),
-            copy.deepcopy(old) if old is not None else None,
+            values.clone(obj),
+            values.clone(old) if old is not None else None,
         )
         self.history.append(change)
         for watcher in list(self.watchers):
@@ -325,7 +324,7 @@ class Store:
         if not since or since == "0":
             for obj in self.iter(store_key, namespace):
                 rv = int(obj["metadata"]["resourceVersion"])
-                watcher.queue.put_nowait(Change(rv, store_key, "ADDED", copy.deepcopy(obj), None))
+                watcher.queue.put_nowait(Change(rv, store_key, "ADDED", values.clone(obj), None))
         else:
             try:
                 start = int(since)
