@@ -49,7 +49,12 @@ async def transaction(store_: store.Store, operation: str, work: Callable[[store
 
     def without_savepoints(tx: store.Tx) -> T:
         _WITHOUT_SAVEPOINTS.add(tx)
-        return work(tx)
+        result = work(tx)
+        try:  # a change held back to be written in batch meets its row only now
+            tx.write_pending()
+        except errors.Conflict as e:
+            raise Isolate(f"Conflict: {e}"[:300]) from e
+        return result
 
     try:
         return await store_.run(operation, without_savepoints)

@@ -34,6 +34,12 @@ class Tx(Protocol):
         a batch loop then commits what it has done and leaves the rest for the next pass."""
         ...
 
+    def write_pending(self) -> None:
+        """Write the compare-and-set changes this transaction holds back to write in batch
+        (``apply`` of a step may): ``errors.Conflict`` if a row moved meanwhile. Every read
+        and the commit do this first; a caller needs it only to place such a conflict."""
+        ...
+
     def add_event(
         self,
         kind: str,

@@ -136,6 +136,69 @@ _TRANSITION_STEP = {
     for owner in (False, True)
 }
 
+# A step change ``apply`` may hold back, and write with others of its kind in one statement:
+# the columns it sets, as the step record holds them.
+_HELD_COLUMNS: dict[str, Callable[[Any], Any]] = {
+    "attempt": int,
+    "due_at": lambda value: value,
+    "lease_owner": lambda value: value,
+    "lease_expires_at": lambda value: value,
+    "started_at": lambda value: value,
+    "finished_at": lambda value: value,
+    "error": lambda value: value,
+    "effect": runs.Effect,
+    "output": dict,
+}
+_HELD_BATCH = 200  # rows a statement (10 columns: 2,000 parameters)
+
+
+@dataclasses.dataclass
+class _Held:
+    """Step changes not yet written: the state the row must still be in, and what to set."""
+
+    status: str
+    owner: str | None
+    values: dict[str, Any]
+
+
+class _Unwritten:
+    """Where an event's seal of a held row goes once the row is written (its digest)."""
+
+    __slots__ = ()
+
+
+_UNWRITTEN = _Unwritten()
+
+
+_POSTGRES = postgresql.psycopg2.dialect()  # type: ignore[no-untyped-call]
+
+
+@functools.cache
+def _held_update(postgres: bool, columns: tuple[str, ...], owner: bool, count: int) -> Any:
+    """``UPDATE steps ... FROM (VALUES ...)``: ``count`` compare-and-set step changes setting
+    ``columns`` in one statement, each row returned only if it was still as expected."""
+    names = ["id", "w_status", *(["w_owner"] if owner else []), *columns]
+    types = {"id": S.c.id.type, "w_status": S.c.status.type, "w_owner": S.c.lease_owner.type}
+    types |= {name: S.c[name].type for name in columns}
+
+    def slot(name: str, n: int) -> str:
+        if not postgres:
+            return f":{name}_{n}"
+        # Postgres types a VALUES list from its first row: each value says what it is
+        return f"CAST(:{name}_{n} AS {types[name].compile(dialect=_POSTGRES)})"
+
+    rows = ", ".join("(" + ", ".join(slot(name, n) for name in names) + ")" for n in range(count))
+    where = "steps.id = v.id AND steps.status = v.w_status"
+    where += " AND steps.lease_owner = v.w_owner" if owner else ""
+    # (only column names of the steps table and placeholders are put in the text)
+    sql = (
+        f"WITH v({', '.join(names)}) AS (VALUES {rows}) "  # noqa: S608
+        f"UPDATE steps SET {', '.join(f'{name} = v.{name}' for name in columns)} "
+        f"FROM v WHERE {where} RETURNING {', '.join(f'steps.{c.name}' for c in S.c)}"
+    )
+    binds = [sa.bindparam(f"{name}_{n}", type_=types[name]) for n in range(count) for name in names]
+    return sa.text(sql).bindparams(*binds).columns(*S.c)
+
 
 def episode_from_row(row: Any) -> records.Episode:
     return records.Episode(
@@ -415,6 +478,48 @@ _NODE_DISRUPTION = sa.select(
 _NEVER = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
+def _statements(*found: Any) -> Iterator[Any]:
+    for item in found:
+        if isinstance(item, dict):
+            yield from _statements(*item.values())
+        elif isinstance(item, tuple):
+            yield from _statements(*item)
+        else:
+            yield item
+
+
+# Statements that never read the steps table: they pass held step changes (``_Barrier``).
+_PASSING = frozenset(
+    id(statement)
+    for statement in _statements(
+        _INSERT_EVENT,
+        _UPDATE_HEAD,
+        _HEAD,
+        _GET_RUN,
+        _GET_EPISODE,
+        _GET_RUNS,
+        _GET_EPISODES,
+        _INSERT_STEPS,
+        _TRANSITION_RUN,
+        _ENSURE_GUARD_LOCK,
+        _LOCK_GUARDS,
+        _MARK_HANDLED,
+        _COUNT_NODE_RUNS,
+        _RELEASE_RUN_LOCKS,
+        _TAKE_LOCK,
+        _INSERT_RUN,
+        _INSERT_ALERT_RUN,
+        _LOCK_UNHANDLED,
+        _DISRUPTED,
+        _RECENT_RUNS,
+        _GUARD_STATE,
+        _RECORD_DISRUPTION,
+        _HELD_KEYS,
+        _NODE_DISRUPTION,
+    )
+)
+
+
 class _DisruptedNodes(AbstractSet[str]):
     """The nodes disrupted now (in one pool, or in all), as guard decisions read them: how
     many, and whether a given node is one, each a query the database answers from its index;
@@ -527,6 +632,24 @@ class SqlStore:
         return records.Probe(**{key: bool(value) for key, value in row._mapping.items()})
 
 
+class _Barrier:
+    """The transaction's connection: every statement but those that cannot meet a held step
+    change (``_PASSING``) first writes the held ones, so no read misses them."""
+
+    def __init__(self, conn: sa.Connection, write: Callable[[], None]) -> None:
+        self.conn = conn
+        self._write = write
+        self.holding = False
+
+    def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.holding and id(statement) not in _PASSING:
+            self._write()
+        return self.conn.execute(statement, *args, **kwargs)
+
+    def begin_nested(self) -> sa.NestedTransaction:
+        return self.conn.begin_nested()
+
+
 class SqlTx:
     def __init__(
         self,
@@ -537,7 +660,7 @@ class SqlTx:
         keys: audit.AuditKeys | None = None,
         locking: bool = True,
     ) -> None:
-        self.conn = conn
+        self.conn = _Barrier(conn, self.write_pending)
         self.db = db
         self.now = now
         self.keys = keys
@@ -563,6 +686,11 @@ class SqlTx:
         self._steps_of: dict[int, list[records.Step]] = {}
         self._held: dict[str, set[str]] = {}  # live lock keys by prefix, read once
         self._guards_locked = False
+        # Step changes decided but not yet written, by step id (``apply``): a stage's claims
+        # or a batch of outcomes are written together, a statement per kind of change, not
+        # one per step. Written before any other statement could read them and before the
+        # commit; the compare-and-set holds as before (the row must still be as it was read).
+        self._holding: dict[int, _Held] = {}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -616,14 +744,18 @@ class SqlTx:
 
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[None]:
+        self.write_pending()  # what was decided before it is not the savepoint's to undo
         pending = len(self._pending)
         unsealed = {table: dict(rows) for table, rows in self._unsealed.items()}
         nested = self.conn.begin_nested()
         try:
             yield
+            self.write_pending()  # a conflict is the savepoint's own
         except BaseException:
             nested.rollback()
             # its events and row writes are gone too, and what was counted or kept from them
+            self._holding.clear()
+            self.conn.holding = False
             del self._pending[pending:]
             self._unsealed = unsealed
             self._forget()
@@ -657,8 +789,10 @@ class SqlTx:
         return self.db.writers_waiting() and time.perf_counter() - self._started >= YIELD_AFTER
 
     def flush(self) -> None:
-        """Seal rows no event sealed, then link the transaction's events into the chain, insert
-        them and move the head (``SqlStore.run`` calls this last)."""
+        """Write held step changes, seal rows no event sealed, then link the transaction's
+        events into the chain, insert them and move the head (``SqlStore.run`` calls this
+        last)."""
+        self.write_pending()
         if self._unsealed:
             self.add_event("audit.sealed", actor=transitions.ENGINE, reason="rows written")
         if not self._pending:
@@ -900,6 +1034,9 @@ class SqlTx:
         return moved
 
     def _apply_step(self, change: transitions.StepChange) -> records.Step:
+        if change.values.keys() <= _HELD_COLUMNS.keys():
+            return self._hold_step(change)
+        self.write_pending()
         step, to = change.step, change.to
         where = {"w_id": step.id, "w_status": step.status.value}
         if change.expect_owner is not None:
@@ -929,6 +1066,91 @@ class SqlTx:
                 | dict(change.data),
             )
         return self._kept_step(step_from_row(row))
+
+    def _hold_step(self, change: transitions.StepChange) -> records.Step:
+        """Decide a step change now and write it with others later (``write_pending``): the
+        compare-and-set is checked here against what this transaction knows of the row, and
+        against the row itself when written."""
+        step, to = change.step, change.to
+        known = self._steps.get(step.id)
+        held = self._holding.get(step.id)
+        if held is not None or known is not None:
+            current = known or step
+            moved = current.status is not step.status
+            if moved or (change.expect_owner and current.lease_owner != change.expect_owner):
+                raise errors.Conflict(f"step {step.id} is no longer {step.status.value}")
+        if held is None:
+            held = self._holding[step.id] = _Held(step.status.value, change.expect_owner, {})
+            self.conn.holding = True
+        held.values |= {**change.values, "status": to.value}
+        fields = {name: _HELD_COLUMNS[name](value) for name, value in change.values.items()}
+        moved_step = dataclasses.replace(step, status=to, **fields)
+        if change.event is not None:
+            self._unsealed.setdefault("steps", {})[str(step.id)] = _UNWRITTEN  # type: ignore[assignment]
+            moved = change.event == "step.transition"
+            self.add_event(
+                change.event,
+                actor=change.actor,
+                run_id=step.run_id,
+                step_id=step.id,
+                from_status=step.status.value if moved else None,
+                to_status=to.value if moved else None,
+                reason=change.reason,
+                data={"key": step.key, "action": step.action, "phase": step.phase.value}
+                | dict(change.data),
+            )
+        return self._kept_step(moved_step)
+
+    def write_pending(self) -> None:
+        """Write the held step changes, a statement per kind (columns set, lease expected);
+        ``errors.Conflict`` for the first row that moved meanwhile."""
+        if not self._holding:
+            return
+        holding, self._holding = self._holding, {}
+        self.conn.holding = False
+        kinds: dict[tuple[tuple[str, ...], bool], list[tuple[int, _Held]]] = {}
+        for step_id, held in holding.items():
+            kind = (tuple(sorted(held.values)), held.owner is not None)
+            kinds.setdefault(kind, []).append((step_id, held))
+        digests: dict[str, str] = {}
+        for (columns, owner), changes in kinds.items():
+            for start in range(0, len(changes), _HELD_BATCH):
+                digests |= self._write_held(columns, owner, changes[start : start + _HELD_BATCH])
+        self._seal_written(digests)
+        lost = [(step_id, held) for step_id, held in holding.items() if str(step_id) not in digests]
+        if lost:
+            for gone, _ in lost:
+                step = self._steps.pop(gone, None)
+                if step is not None:
+                    self._steps_of.pop(step.run_id, None)
+            step_id, held = lost[0]
+            raise errors.Conflict(f"step {step_id} is no longer {held.status}")
+
+    def _write_held(
+        self, columns: tuple[str, ...], owner: bool, changes: list[tuple[int, _Held]]
+    ) -> dict[str, str]:
+        """One statement for ``changes``: the digests of the rows it wrote, by id."""
+        statement = _held_update(self.db.is_postgres, columns, owner, len(changes))
+        params: dict[str, Any] = {}
+        for n, (step_id, held) in enumerate(changes):
+            params[f"id_{n}"] = step_id
+            params[f"w_status_{n}"] = held.status
+            if owner:
+                params[f"w_owner_{n}"] = held.owner
+            params |= {f"{name}_{n}": held.values[name] for name in columns}
+        digests = {}
+        for row in self.conn.conn.execute(statement, params):
+            values = dict(row._mapping)
+            digests[str(values["id"])] = audit.row_digest("steps", values)
+        return digests
+
+    def _seal_written(self, digests: dict[str, str]) -> None:
+        """The events that sealed held rows get their digests, as written."""
+        for rows in [self._unsealed, *(event["rows"] for event in self._pending)]:
+            sealed = rows.get("steps") if rows else None
+            for key, digest in (sealed or {}).items():
+                if digest is _UNWRITTEN:
+                    sealed[key] = digests.get(key, digest)  # type: ignore[index]
 
     def update_step_output(
         self, step_id: int, owner: str, output: dict[str, Any], lease_until: dt.datetime

@@ -1,0 +1,214 @@
+"""Step changes are decided at once and written in batch: a stage's claims, or a batch of
+outcomes, are one statement per kind of change, not one per step (a 1,000-alert burst ran
+six step updates an alert). The compare-and-set holds as before, reads see what is held,
+a rolled-back savepoint takes its held changes with it, and the audit seals what was
+written."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from remediator.adapters.db import audit, database, migrate, tables
+from remediator.adapters.db import store as sql_store
+from remediator.domain import errors, records, runs, transitions
+from remediator.engine import isolation, lifecycle
+from tests.contract.plans import new_run
+
+NOW = dt.datetime(2026, 12, 1, 12, tzinfo=dt.UTC)
+S = tables.steps
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[sql_store.SqlStore]:
+    db = database.Database(database_url)
+    await migrate.upgrade(db)
+    try:
+        yield sql_store.SqlStore(db, clock=lambda: NOW)
+    finally:
+        await db.dispose()
+
+
+async def _started_runs(store: sql_store.SqlStore, count: int) -> list[int]:
+    def create(tx: sql_store.SqlTx) -> list[int]:
+        made = []
+        for n in range(count):
+            run_id = tx.insert_run(new_run(node=f"gpu-node-{n:02}"), actor="test")
+            assert run_id is not None
+            run = tx.get_run(run_id)
+            assert run is not None
+            tx.apply(transitions.move_run(run, runs.RunStatus.RUNNING, reason="go"))
+            made.append(run_id)
+        return made
+
+    made: list[int] = await store.run("prepare", create)
+    return made
+
+
+def _first_steps(tx: sql_store.SqlTx, run_ids: list[int]) -> list[records.Step]:
+    return [tx.steps_of_run(run_id)[0] for run_id in run_ids]
+
+
+class _Statements:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        self.seen.append(" ".join(statement.split()))
+
+    def step_updates(self) -> list[str]:
+        return [s for s in self.seen if "UPDATE steps" in s]
+
+    def __enter__(self) -> _Statements:
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", self)
+
+
+async def test_the_claims_of_a_stage_are_one_statement(store: sql_store.SqlStore) -> None:
+    run_ids = await _started_runs(store, 6)
+    until = NOW + dt.timedelta(seconds=30)
+
+    def claim_all(tx: sql_store.SqlTx) -> list[records.Step]:
+        claimed = []
+        for step in _first_steps(tx, run_ids):
+            due = tx.apply(transitions.make_due(step, now=tx.now))
+            claimed.append(
+                tx.apply(transitions.claim(due, owner="w1", lease_until=until, now=tx.now))
+            )
+        return claimed
+
+    with _Statements() as statements:
+        claimed = await store.run("claim", claim_all)
+    # made due and claimed: one row write each, all in one statement (was 12)
+    assert len(statements.step_updates()) == 1
+    stored = await store.run("read", lambda tx: _first_steps(tx, run_ids))
+    assert stored == claimed
+    assert {(s.status, s.lease_owner, s.attempt) for s in stored} == {
+        (runs.StepStatus.RUNNING, "w1", 1)
+    }
+
+
+async def test_reads_in_the_transaction_see_the_held_changes(store: sql_store.SqlStore) -> None:
+    run_ids = await _started_runs(store, 3)
+
+    def make_due_then_look(tx: sql_store.SqlTx) -> list[int]:
+        for step in _first_steps(tx, run_ids):
+            tx.apply(transitions.make_due(step, now=tx.now))
+        return sorted(step.run_id for step in tx.lock_due_steps(10))
+
+    assert await store.run("due", make_due_then_look) == run_ids
+
+
+async def test_a_held_change_is_a_conflict_if_its_row_moved_before_it_was_written(
+    store: sql_store.SqlStore,
+) -> None:
+    [run_id] = await _started_runs(store, 1)
+
+    def race(tx: sql_store.SqlTx) -> None:
+        [step] = _first_steps(tx, [run_id])
+        tx.apply(transitions.make_due(step, now=tx.now))
+        # another writer moves the row meanwhile (past the transaction's own view)
+        tx.conn.conn.execute(sa.update(S).where(S.c.id == step.id).values(status="cancelled"))
+        tx.write_pending()
+
+    with pytest.raises(errors.Conflict, match="is no longer pending"):
+        await store.run("race", race)
+    [step] = await store.run("read", lambda tx: _first_steps(tx, [run_id]))
+    assert step.status is runs.StepStatus.PENDING  # the whole transaction rolled back
+
+
+async def test_a_rolled_back_savepoint_takes_its_held_changes_with_it(
+    store: sql_store.SqlStore,
+) -> None:
+    run_ids = await _started_runs(store, 2)
+
+    def one_fails(tx: sql_store.SqlTx) -> None:
+        first, second = _first_steps(tx, run_ids)
+        with tx.savepoint():
+            tx.apply(transitions.make_due(first, now=tx.now))
+
+        def poisoned() -> None:
+            with tx.savepoint():
+                tx.apply(transitions.make_due(second, now=tx.now))
+                raise RuntimeError("poison")
+
+        with pytest.raises(RuntimeError):
+            poisoned()
+
+    await store.run("pass", one_fails)
+    first, second = await store.run("read", lambda tx: _first_steps(tx, run_ids))
+    assert (first.status, second.status) == (runs.StepStatus.PENDING, runs.StepStatus.PENDING)
+    assert (first.due_at, second.due_at) == (NOW, None)
+
+
+async def test_the_audit_seals_held_rows_as_they_were_written(
+    store: sql_store.SqlStore,
+) -> None:
+    run_ids = await _started_runs(store, 3)
+    until = NOW + dt.timedelta(seconds=30)
+    result = transitions.Result(status=runs.StepStatus.SUCCEEDED, output={"ok": True})
+
+    def claim_and_finish(tx: sql_store.SqlTx) -> None:
+        for step in _first_steps(tx, run_ids):
+            due = tx.apply(transitions.make_due(step, now=tx.now))
+            claimed = tx.apply(transitions.claim(due, owner="w1", lease_until=until, now=tx.now))
+            tx.apply(transitions.finish(claimed, result, owner="w1", now=tx.now))
+
+    await store.run("steps", claim_and_finish)
+    report = await audit.AuditQueries(store.db).verify()
+    assert report.ok, report
+    # each step's three events seal the one row the three changes wrote
+    query = sa.select(tables.audit_events.c.step_id, tables.audit_events.c.rows).where(
+        tables.audit_events.c.step_id.is_not(None)
+    )
+    async with store.db.read() as conn:
+        seals = {
+            (row.step_id, digest)
+            for row in await conn.execute(query)
+            for digest in row.rows["steps"].values()
+        }
+    assert len(seals) == len(run_ids)
+    assert all(isinstance(digest, str) and digest for _, digest in seals)
+
+
+async def test_a_pass_whose_held_change_lost_its_row_skips_only_that_unit(
+    store: sql_store.SqlStore,
+) -> None:
+    """Without savepoints, a held change meets its row only at the end of the pass: the pass
+    runs again with a savepoint per unit, where the conflict is the unit's own."""
+    first_run, second_run = await _started_runs(store, 2)
+    attempts: list[list[Any]] = []
+
+    def work(tx: sql_store.SqlTx) -> None:
+        outcomes: list[Any] = []
+        attempts.append(outcomes)
+        report = lifecycle.Report()
+
+        def raced() -> records.Step:
+            [step] = _first_steps(tx, [first_run])
+            # another writer moves the row after this unit read it
+            tx.conn.conn.execute(sa.update(S).where(S.c.id == step.id).values(status="cancelled"))
+            return tx.apply(transitions.make_due(step, now=tx.now))
+
+        def clean() -> records.Step:
+            [step] = _first_steps(tx, [second_run])
+            return tx.apply(transitions.make_due(step, now=tx.now))
+
+        for key, unit in (("raced", raced), ("clean", clean)):
+            moved = isolation.run_unit(tx, key, unit, quarantine=lambda error: None, report=report)
+            outcomes.append(moved and moved.due_at)
+
+    await isolation.transaction(store, "pass", work)
+    # the first attempt ended at the conflict (wherever its row was next written); the
+    # second ran each unit in a savepoint: the raced one skipped, the other one done
+    assert len(attempts) == 2
+    assert attempts[1] == [None, NOW]
+    first, second = await store.run("read", lambda tx: _first_steps(tx, [first_run, second_run]))
+    assert (first.due_at, second.due_at) == (None, NOW)
