@@ -62,14 +62,6 @@ _STEPS_OF_RUNS = (
     .order_by(S.c.run_id, S.c.seq, S.c.id)
 )
 _INSERT_STEPS = sa.insert(S).returning(*S.c)
-_TRANSITION_RUN = (
-    sa.update(R)
-    .where(
-        R.c.id == sa.bindparam("w_id"),
-        R.c.status.in_(sa.bindparam("w_sources", expanding=True)),
-    )
-    .returning(*R.c)
-)
 _ENSURE_GUARD_LOCK = (
     postgresql.insert(G)
     .values(key="lock:guards", value={}, updated_at=sa.bindparam("updated_at"))
@@ -150,15 +142,33 @@ _HELD_COLUMNS: dict[str, Callable[[Any], Any]] = {
     "output": dict,
 }
 _HELD_BATCH = 200  # rows a statement (10 columns: 2,000 parameters)
+_HELD_TABLES = {table.name: table for table in (S, R, E)}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kind:
+    """Held changes one statement writes: their table, the columns they set and what each
+    row must still be (a step: its status, and its lease owner when ``owner``; a run: one
+    of ``sources``)."""
+
+    table: str
+    columns: tuple[str, ...]
+    owner: bool = False
+    sources: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
 class _Held:
-    """Step changes not yet written: the state the row must still be in, and what to set."""
+    """A row's changes not yet written: what it must still be, and what to set."""
 
-    status: str
-    owner: str | None
+    status: str | None  # a step's status as read
+    owner: str | None  # a step's lease owner as read, when the change expects one
+    sources: tuple[str, ...]  # a run's statuses it may move from
     values: dict[str, Any]
+
+    def kind(self, table: str) -> _Kind:
+        columns = tuple(sorted(self.values))
+        return _Kind(table, columns, owner=self.owner is not None, sources=self.sources)
 
 
 class _Unwritten:
@@ -174,12 +184,15 @@ _POSTGRES = postgresql.psycopg2.dialect()  # type: ignore[no-untyped-call]
 
 
 @functools.cache
-def _held_update(postgres: bool, columns: tuple[str, ...], owner: bool, count: int) -> Any:
-    """``UPDATE steps ... FROM (VALUES ...)``: ``count`` compare-and-set step changes setting
-    ``columns`` in one statement, each row returned only if it was still as expected."""
-    names = ["id", "w_status", *(["w_owner"] if owner else []), *columns]
-    types = {"id": S.c.id.type, "w_status": S.c.status.type, "w_owner": S.c.lease_owner.type}
-    types |= {name: S.c[name].type for name in columns}
+def _held_update(postgres: bool, kind: _Kind, count: int) -> Any:
+    """``UPDATE ... FROM (VALUES ...)``: ``count`` held changes of one ``kind`` in one
+    statement, each row returned only if it still was as expected."""
+    table = _HELD_TABLES[kind.table]
+    steps = table is S
+    names = ["id", *(["w_status"] if steps else []), *(["w_owner"] if kind.owner else [])]
+    names += kind.columns
+    types = {"id": table.c.id.type, "w_status": S.c.status.type, "w_owner": S.c.lease_owner.type}
+    types |= {name: table.c[name].type for name in kind.columns}
 
     def slot(name: str, n: int) -> str:
         if not postgres:
@@ -188,16 +201,21 @@ def _held_update(postgres: bool, columns: tuple[str, ...], owner: bool, count: i
         return f"CAST(:{name}_{n} AS {types[name].compile(dialect=_POSTGRES)})"
 
     rows = ", ".join("(" + ", ".join(slot(name, n) for name in names) + ")" for n in range(count))
-    where = "steps.id = v.id AND steps.status = v.w_status"
-    where += " AND steps.lease_owner = v.w_owner" if owner else ""
-    # (only column names of the steps table and placeholders are put in the text)
+    where = [f"{table.name}.id = v.id"]
+    where += ["steps.status = v.w_status"] if steps else []
+    where += ["steps.lease_owner = v.w_owner"] if kind.owner else []
+    if kind.sources:  # statuses of the run state machine, never outside input
+        where.append(f"runs.status IN ({', '.join(repr(status) for status in kind.sources)})")
+    returned = table.c if table is not E else [E.c.id]
+    # (only the table's column names, fixed statuses and placeholders are put in the text)
     sql = (
         f"WITH v({', '.join(names)}) AS (VALUES {rows}) "  # noqa: S608
-        f"UPDATE steps SET {', '.join(f'{name} = v.{name}' for name in columns)} "
-        f"FROM v WHERE {where} RETURNING {', '.join(f'steps.{c.name}' for c in S.c)}"
+        f"UPDATE {table.name} SET {', '.join(f'{name} = v.{name}' for name in kind.columns)} "
+        f"FROM v WHERE {' AND '.join(where)} "
+        f"RETURNING {', '.join(f'{table.name}.{c.name}' for c in returned)}"
     )
     binds = [sa.bindparam(f"{name}_{n}", type_=types[name]) for n in range(count) for name in names]
-    return sa.text(sql).bindparams(*binds).columns(*S.c)
+    return sa.text(sql).bindparams(*binds).columns(*returned)
 
 
 def episode_from_row(row: Any) -> records.Episode:
@@ -488,36 +506,25 @@ def _statements(*found: Any) -> Iterator[Any]:
             yield item
 
 
-# Statements that never read the steps table: they pass held step changes (``_Barrier``).
-_PASSING = frozenset(
-    id(statement)
-    for statement in _statements(
-        _INSERT_EVENT,
-        _UPDATE_HEAD,
-        _HEAD,
-        _GET_RUN,
-        _GET_EPISODE,
-        _GET_RUNS,
-        _GET_EPISODES,
-        _INSERT_STEPS,
-        _TRANSITION_RUN,
-        _ENSURE_GUARD_LOCK,
-        _LOCK_GUARDS,
-        _MARK_HANDLED,
-        _COUNT_NODE_RUNS,
-        _RELEASE_RUN_LOCKS,
-        _TAKE_LOCK,
-        _INSERT_RUN,
-        _INSERT_ALERT_RUN,
-        _LOCK_UNHANDLED,
-        _DISRUPTED,
-        _RECENT_RUNS,
-        _GUARD_STATE,
-        _RECORD_DISRUPTION,
-        _HELD_KEYS,
-        _NODE_DISRUPTION,
+_ELSEWHERE = (
+    _INSERT_EVENT, _UPDATE_HEAD, _HEAD, _ENSURE_GUARD_LOCK, _LOCK_GUARDS, _RELEASE_RUN_LOCKS,
+    _TAKE_LOCK, _DISRUPTED, _GUARD_STATE, _RECORD_DISRUPTION, _HELD_KEYS, _NODE_DISRUPTION,
+    _INSERT_STEPS, _INSERT_RUN, _INSERT_ALERT_RUN, _COUNT_NODE_RUNS, _RECENT_RUNS,
+)  # fmt: skip
+# Statements that never read a table's held columns, by table: they pass its held changes
+# (``_Barrier``). All of ``_ELSEWHERE`` read other tables, insert new rows or count runs by
+# node or age (columns no change sets).
+_PASSING = {
+    table: frozenset(map(id, _statements(*_ELSEWHERE, *also)))
+    for table, also in (
+        ("steps", (_GET_RUN, _GET_RUNS, _GET_EPISODE, _GET_EPISODES,
+                   _MARK_HANDLED, _LOCK_UNHANDLED)),
+        ("runs", (_GET_STEP, _STEPS_OF_RUN, _STEPS_OF_RUNS, _TRANSITION_STEP, _GET_EPISODE,
+                  _GET_EPISODES, _MARK_HANDLED, _LOCK_UNHANDLED)),
+        ("alert_episodes", (_GET_STEP, _STEPS_OF_RUN, _STEPS_OF_RUNS, _TRANSITION_STEP,
+                            _GET_RUN, _GET_RUNS)),
     )
-)
+}  # fmt: skip
 
 
 class _DisruptedNodes(AbstractSet[str]):
@@ -633,16 +640,16 @@ class SqlStore:
 
 
 class _Barrier:
-    """The transaction's connection: every statement but those that cannot meet a held step
-    change (``_PASSING``) first writes the held ones, so no read misses them."""
+    """The transaction's connection: a statement that could read a held change (any but the
+    ``_PASSING`` ones of each table with held changes) first writes them all."""
 
     def __init__(self, conn: sa.Connection, write: Callable[[], None]) -> None:
         self.conn = conn
         self._write = write
-        self.holding = False
+        self.holding: set[str] = set()
 
     def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.holding and id(statement) not in _PASSING:
+        if self.holding and any(id(statement) not in _PASSING[t] for t in self.holding):
             self._write()
         return self.conn.execute(statement, *args, **kwargs)
 
@@ -690,7 +697,7 @@ class SqlTx:
         # or a batch of outcomes are written together, a statement per kind of change, not
         # one per step. Written before any other statement could read them and before the
         # commit; the compare-and-set holds as before (the row must still be as it was read).
-        self._holding: dict[int, _Held] = {}
+        self._holding: dict[tuple[str, int], _Held] = {}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -755,7 +762,7 @@ class SqlTx:
             nested.rollback()
             # its events and row writes are gone too, and what was counted or kept from them
             self._holding.clear()
-            self.conn.holding = False
+            self.conn.holding.clear()
             del self._pending[pending:]
             self._unsealed = unsealed
             self._forget()
@@ -825,9 +832,7 @@ class SqlTx:
         return found
 
     def mark_episode_handled(self, episode: records.Episode) -> None:
-        self.conn.execute(
-            _MARK_HANDLED, {"w_id": episode.id, "handled_status": episode.status.value}
-        )
+        self._hold("alert_episodes", episode.id, {"handled_status": episode.status.value})
         self._episodes[episode.id] = dataclasses.replace(episode, handled_status=episode.status)
 
     def get_episode(self, episode_id: int) -> records.Episode | None:
@@ -1007,25 +1012,29 @@ class SqlTx:
         return self._apply_step(change)
 
     def _apply_run(self, change: transitions.RunChange) -> records.Run:
+        """Decided now, written with others later (``write_pending``), as a held step."""
         run, to = change.run, change.to
-        sources = [status.value for status in runs.run_sources(to)]
+        sources = tuple(sorted(status.value for status in runs.run_sources(to)))
+        current = self._runs.get(run.id, run)
+        if current.status.value not in sources:
+            state = current.status.value
+            raise errors.Conflict(f"run {run.id} is {state}; cannot move it to {to.value}")
         values: dict[str, Any] = {"status": to.value, "updated_at": self.now}
         if to in runs.RUN_TERMINAL:
             values["finished_at"] = self.now
-        result = self.conn.execute(_TRANSITION_RUN, values | {"w_id": run.id, "w_sources": sources})
-        row = result.one_or_none()
-        if row is None:
-            self._runs.pop(run.id, None)
-            current = self.get_run(run.id)
-            state = current.status.value if current else "missing"
-            raise errors.Conflict(f"run {run.id} is {state}; cannot move it to {to.value}")
-        self._seal("runs", row)
-        moved = self._runs[run.id] = run_from_row(row)
+        self._hold("runs", run.id, values, sources=sources)
+        self._unsealed.setdefault("runs", {})[str(run.id)] = _UNWRITTEN  # type: ignore[assignment]
+        moved = self._runs[run.id] = dataclasses.replace(
+            current,
+            status=to,
+            updated_at=self.now,
+            finished_at=values.get("finished_at", current.finished_at),
+        )
         self.add_event(
             "run.transition",
             actor=change.actor,
             run_id=run.id,
-            episode_id=row.episode_id,
+            episode_id=run.episode_id,
             from_status=run.status.value,
             to_status=to.value,
             reason=change.reason,
@@ -1073,16 +1082,13 @@ class SqlTx:
         against the row itself when written."""
         step, to = change.step, change.to
         known = self._steps.get(step.id)
-        held = self._holding.get(step.id)
-        if held is not None or known is not None:
+        if known is not None or ("steps", step.id) in self._holding:
             current = known or step
             moved = current.status is not step.status
             if moved or (change.expect_owner and current.lease_owner != change.expect_owner):
                 raise errors.Conflict(f"step {step.id} is no longer {step.status.value}")
-        if held is None:
-            held = self._holding[step.id] = _Held(step.status.value, change.expect_owner, {})
-            self.conn.holding = True
-        held.values |= {**change.values, "status": to.value}
+        values = {**change.values, "status": to.value}
+        self._hold("steps", step.id, values, status=step.status.value, owner=change.expect_owner)
         fields = {name: _HELD_COLUMNS[name](value) for name, value in change.values.items()}
         moved_step = dataclasses.replace(step, status=to, **fields)
         if change.event is not None:
@@ -1101,56 +1107,91 @@ class SqlTx:
             )
         return self._kept_step(moved_step)
 
+    def _hold(
+        self,
+        table: str,
+        row_id: int,
+        values: dict[str, Any],
+        *,
+        status: str | None = None,
+        owner: str | None = None,
+        sources: tuple[str, ...] = (),
+    ) -> None:
+        """Hold ``values`` for a row; what it must still be is what the first change of this
+        transaction expected (later ones were checked against the held state)."""
+        held = self._holding.get((table, row_id))
+        if held is None:
+            held = self._holding[table, row_id] = _Held(status, owner, sources, {})
+            self.conn.holding.add(table)
+        held.values |= values
+
     def write_pending(self) -> None:
-        """Write the held step changes, a statement per kind (columns set, lease expected);
+        """Write the held changes, a statement per kind (table, columns set, condition);
         ``errors.Conflict`` for the first row that moved meanwhile."""
         if not self._holding:
             return
         holding, self._holding = self._holding, {}
-        self.conn.holding = False
-        kinds: dict[tuple[tuple[str, ...], bool], list[tuple[int, _Held]]] = {}
-        for step_id, held in holding.items():
-            kind = (tuple(sorted(held.values)), held.owner is not None)
-            kinds.setdefault(kind, []).append((step_id, held))
-        digests: dict[str, str] = {}
-        for (columns, owner), changes in kinds.items():
+        self.conn.holding.clear()
+        kinds: dict[_Kind, list[tuple[int, _Held]]] = {}
+        for (table, row_id), held in holding.items():
+            kinds.setdefault(held.kind(table), []).append((row_id, held))
+        written: dict[str, dict[str, str]] = {}
+        for kind, changes in kinds.items():
             for start in range(0, len(changes), _HELD_BATCH):
-                digests |= self._write_held(columns, owner, changes[start : start + _HELD_BATCH])
-        self._seal_written(digests)
-        lost = [(step_id, held) for step_id, held in holding.items() if str(step_id) not in digests]
+                batch = changes[start : start + _HELD_BATCH]
+                written.setdefault(kind.table, {}).update(self._write_held(kind, batch))
+        self._seal_written(written)
+        lost = [
+            (table, row_id, held)
+            for (table, row_id), held in holding.items()
+            if table != E.name and str(row_id) not in written.get(table, {})
+        ]
         if lost:
-            for gone, _ in lost:
-                step = self._steps.pop(gone, None)
-                if step is not None:
-                    self._steps_of.pop(step.run_id, None)
-            step_id, held = lost[0]
-            raise errors.Conflict(f"step {step_id} is no longer {held.status}")
+            self._lost(lost)
 
-    def _write_held(
-        self, columns: tuple[str, ...], owner: bool, changes: list[tuple[int, _Held]]
-    ) -> dict[str, str]:
+    def _write_held(self, kind: _Kind, changes: list[tuple[int, _Held]]) -> dict[str, str]:
         """One statement for ``changes``: the digests of the rows it wrote, by id."""
-        statement = _held_update(self.db.is_postgres, columns, owner, len(changes))
+        statement = _held_update(self.db.is_postgres, kind, len(changes))
         params: dict[str, Any] = {}
-        for n, (step_id, held) in enumerate(changes):
-            params[f"id_{n}"] = step_id
-            params[f"w_status_{n}"] = held.status
-            if owner:
+        for n, (row_id, held) in enumerate(changes):
+            params[f"id_{n}"] = row_id
+            if kind.table == S.name:
+                params[f"w_status_{n}"] = held.status
+            if kind.owner:
                 params[f"w_owner_{n}"] = held.owner
-            params |= {f"{name}_{n}": held.values[name] for name in columns}
-        digests = {}
-        for row in self.conn.conn.execute(statement, params):
-            values = dict(row._mapping)
-            digests[str(values["id"])] = audit.row_digest("steps", values)
-        return digests
+            params |= {f"{name}_{n}": held.values[name] for name in kind.columns}
+        rows = self.conn.conn.execute(statement, params)
+        if kind.table == E.name:
+            return {str(row.id): "" for row in rows}
+        return {str(row.id): audit.row_digest(kind.table, dict(row._mapping)) for row in rows}
 
-    def _seal_written(self, digests: dict[str, str]) -> None:
+    def _seal_written(self, written: dict[str, dict[str, str]]) -> None:
         """The events that sealed held rows get their digests, as written."""
         for rows in [self._unsealed, *(event["rows"] for event in self._pending)]:
-            sealed = rows.get("steps") if rows else None
-            for key, digest in (sealed or {}).items():
-                if digest is _UNWRITTEN:
-                    sealed[key] = digests.get(key, digest)  # type: ignore[index]
+            for table, sealed in (rows or {}).items():
+                digests = written.get(table)
+                if not digests:
+                    continue
+                for key, digest in sealed.items():
+                    if digest is _UNWRITTEN and key in digests:
+                        sealed[key] = digests[key]
+
+    def _lost(self, lost: list[tuple[str, int, _Held]]) -> None:
+        """Held changes whose rows had moved: forget what was kept of them, and say why."""
+        for table, row_id, _ in lost:
+            if table == S.name:
+                step = self._steps.pop(row_id, None)
+                if step is not None:
+                    self._steps_of.pop(step.run_id, None)
+            else:
+                self._runs.pop(row_id, None)
+        table, row_id, held = lost[0]
+        if table == S.name:
+            raise errors.Conflict(f"step {row_id} is no longer {held.status}")
+        current = self.get_run(row_id)
+        state = current.status.value if current else "missing"
+        to = held.values["status"]
+        raise errors.Conflict(f"run {row_id} is {state}; cannot move it to {to}")
 
     def update_step_output(
         self, step_id: int, owner: str, output: dict[str, Any], lease_until: dt.datetime

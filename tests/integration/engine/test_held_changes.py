@@ -212,3 +212,93 @@ async def test_a_pass_whose_held_change_lost_its_row_skips_only_that_unit(
     assert attempts[1] == [None, NOW]
     first, second = await store.run("read", lambda tx: _first_steps(tx, [first_run, second_run]))
     assert (first.due_at, second.due_at) == (None, NOW)
+
+
+async def _pending_runs(store: sql_store.SqlStore, count: int) -> list[int]:
+    def create(tx: sql_store.SqlTx) -> list[int]:
+        made = [tx.insert_run(new_run(node=f"gpu-node-{n:02}"), actor="test") for n in range(count)]
+        return [run_id for run_id in made if run_id is not None]
+
+    made: list[int] = await store.run("prepare", create)
+    return made
+
+
+async def test_the_runs_a_stage_starts_and_ends_are_one_statement(
+    store: sql_store.SqlStore,
+) -> None:
+    run_ids = await _pending_runs(store, 5)
+
+    def start_and_end(tx: sql_store.SqlTx) -> list[records.Run]:
+        moved = []
+        tx.read_runs(run_ids, steps=False)  # as a stage reads them: in batch, first
+        for run_id in run_ids:
+            run = tx.get_run(run_id)
+            assert run is not None
+            started = tx.apply(transitions.move_run(run, runs.RunStatus.RUNNING, reason="go"))
+            moved.append(
+                tx.apply(transitions.move_run(started, runs.RunStatus.SUCCEEDED, reason="done"))
+            )
+        return moved
+
+    with _Statements() as statements:
+        moved = await store.run("runs", start_and_end)
+    assert len([s for s in statements.seen if "UPDATE runs" in s]) == 1  # was 10
+    stored = await store.run("read", lambda tx: [tx.get_run(run_id) for run_id in run_ids])
+    assert stored == moved
+    assert {(run.status, run.finished_at) for run in stored} == {(runs.RunStatus.SUCCEEDED, NOW)}
+    assert (await audit.AuditQueries(store.db).verify()).ok
+
+
+async def test_a_held_run_change_is_a_conflict_if_its_run_moved_meanwhile(
+    store: sql_store.SqlStore,
+) -> None:
+    [run_id] = await _pending_runs(store, 1)
+
+    def race(tx: sql_store.SqlTx) -> None:
+        run = tx.get_run(run_id)
+        assert run is not None
+        tx.apply(transitions.move_run(run, runs.RunStatus.RUNNING, reason="go"))
+        tx.conn.conn.execute(
+            sa.update(tables.runs).where(tables.runs.c.id == run_id).values(status="cancelled")
+        )
+        tx.write_pending()
+
+    with pytest.raises(errors.Conflict, match=f"run {run_id} is cancelled; cannot move it"):
+        await store.run("race", race)
+
+
+async def test_the_episodes_a_pass_handles_are_marked_in_one_statement(
+    store: sql_store.SqlStore,
+) -> None:
+    E = tables.alert_episodes
+
+    def arrive(tx: sql_store.SqlTx) -> None:
+        tx.conn.conn.execute(
+            sa.insert(E),
+            [
+                {
+                    "fingerprint": f"f{n}",
+                    "starts_at": NOW,
+                    "alertname": "GpuXid79",
+                    "status": "firing",
+                    "labels": {},
+                    "annotations": {},
+                    "generator_url": "",
+                    "created_at": NOW,
+                }
+                for n in range(4)
+            ],
+        )
+
+    await store.run("arrive", arrive)
+
+    def handle(tx: sql_store.SqlTx) -> list[int]:
+        found = tx.lock_unhandled_episodes(10)
+        for episode in found:
+            tx.mark_episode_handled(episode)
+        return [episode.id for episode in tx.lock_unhandled_episodes(10)]  # sees the marks
+
+    with _Statements() as statements:
+        assert await store.run("handle", handle) == []
+    assert len([s for s in statements.seen if "UPDATE alert_episodes" in s]) == 1  # was 4
+    assert await store.run("again", lambda tx: tx.lock_unhandled_episodes(10)) == []
