@@ -141,7 +141,11 @@ _HELD_COLUMNS: dict[str, Callable[[Any], Any]] = {
     "effect": runs.Effect,
     "output": dict,
 }
-_HELD_BATCH = 200  # rows a statement (10 columns: 2,000 parameters)
+_HELD_BATCH = 128  # rows a statement (11 columns: 1,408 parameters)
+# A statement is built and compiled for a few row counts only (one for each count from 1 to
+# 128 was more compiling than running in a storm): the rest of its rows are padding, id 0,
+# which no row has.
+_HELD_SIZES = (1, 2, 4, 8, 16, 32, 64, _HELD_BATCH)
 _HELD_TABLES = {table.name: table for table in (S, R, E)}
 
 
@@ -1151,9 +1155,11 @@ class SqlTx:
 
     def _write_held(self, kind: _Kind, changes: list[tuple[int, _Held]]) -> dict[str, str]:
         """One statement for ``changes``: the digests of the rows it wrote, by id."""
-        statement = _held_update(self.db.is_postgres, kind, len(changes))
+        size = next(size for size in _HELD_SIZES if size >= len(changes))
+        statement = _held_update(self.db.is_postgres, kind, size)
         params: dict[str, Any] = {}
-        for n, (row_id, held) in enumerate(changes):
+        padding = _Held(None, None, (), dict.fromkeys(kind.columns))
+        for n, (row_id, held) in enumerate([*changes, *[(0, padding)] * (size - len(changes))]):
             params[f"id_{n}"] = row_id
             if kind.table == S.name:
                 params[f"w_status_{n}"] = held.status

@@ -302,3 +302,22 @@ async def test_the_episodes_a_pass_handles_are_marked_in_one_statement(
         assert await store.run("handle", handle) == []
     assert len([s for s in statements.seen if "UPDATE alert_episodes" in s]) == 1  # was 4
     assert await store.run("again", lambda tx: tx.lock_unhandled_episodes(10)) == []
+
+
+async def test_batches_of_any_size_share_a_few_statements(store: sql_store.SqlStore) -> None:
+    """One statement per row count was compiled afresh for nearly every batch of a storm."""
+    run_ids = await _started_runs(store, 12)
+    built_before = sql_store._held_update.cache_info().misses
+
+    def make_due(count: int) -> Any:
+        def work(tx: sql_store.SqlTx) -> None:
+            for step in _first_steps(tx, run_ids[:count]):
+                tx.apply(transitions.make_due(step, now=tx.now + dt.timedelta(seconds=count)))
+
+        return work
+
+    for count in (5, 6, 7, 8, 9, 12):
+        await store.run("due", make_due(count))
+    assert sql_store._held_update.cache_info().misses - built_before <= 2  # 8 rows, 16 rows
+    due = await store.run("read", lambda tx: [s.due_at for s in _first_steps(tx, run_ids)])
+    assert due == [NOW + dt.timedelta(seconds=12)] * 12  # padding rows changed nothing
