@@ -68,3 +68,68 @@ async def test_zero_keeps_alert_episodes_whole(make_harness, clock):
     clock.advance(3650 * DAY)
     await app_mod.retention_pass(h.components)
     assert (await _episode(h, episode_id)).labels["pod"] == "train-llm-7f9c"
+
+
+async def test_a_retention_pass_gives_way_to_every_other_writer(tmp_path):
+    """A first pass over a long history is minutes of writes: each batch waits until no
+    webhook commit or engine pass wants SQLite's writer, and goes on after the last id."""
+    import asyncio
+    import datetime as dt
+
+    import sqlalchemy as sa
+
+    from remediator.adapters.db import database, migrate, retention, tables
+
+    db = database.Database(f"sqlite+aiosqlite:///{tmp_path / 'r.db'}")
+    await migrate.upgrade(db)
+    old = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    try:
+
+        def arrive(conn):
+            conn.execute(
+                sa.insert(tables.alert_episodes),
+                [
+                    {
+                        "fingerprint": f"f{n}",
+                        "starts_at": old,
+                        "alertname": "GPUXidError79",
+                        "status": "resolved",
+                        "handled_status": "resolved",
+                        "labels": {},
+                        "annotations": {},
+                        "generator_url": "",
+                        "created_at": old,
+                        "resolved_at": old,
+                    }
+                    for n in range(10)
+                ],
+            )
+
+        await db.write_sync("seed", arrive)
+        order = []
+        batches = []
+        write_sync = db.write_sync
+
+        async def noted(operation, work, **kind):
+            if operation == "retention":
+                batches.append(kind)
+            return await write_sync(operation, work, **kind)
+
+        db.write_sync = noted
+        assert db._write_lock is not None
+        async with db._write_lock.hold():  # an engine pass holds the writer
+            pruning = asyncio.create_task(
+                retention.prune_alert_episodes(db, ended_before=old + dt.timedelta(days=1), batch=3)
+            )
+            await asyncio.sleep(0.05)
+            engine = asyncio.create_task(
+                write_sync("engine", lambda conn: order.append(len(batches)))
+            )
+            await asyncio.sleep(0.05)
+        pruned = await pruning
+        await engine
+        assert order == [1]  # granted before retention's first batch ran
+        assert pruned.deleted == 10
+        assert batches == [{"background": True}] * 5  # 3 + 3 + 3 + 1 deleted; none to reduce
+    finally:
+        await db.dispose()

@@ -66,8 +66,9 @@ class WriteLock:
     """SQLite's single writer, shared fairly but with the webhook first.
 
     Waiters marked ``urgent`` (intake commits, which Alertmanager is waiting on) are granted
-    the lock before any waiting engine transaction; among equals it is first come, first
-    served. Holding it never spans more than one transaction.
+    the lock before any waiting engine transaction, and ``background`` ones (retention's
+    batches) only when nobody else waits; among equals it is first come, first served.
+    Holding it never spans more than one transaction.
     """
 
     def __init__(self) -> None:
@@ -78,8 +79,8 @@ class WriteLock:
         self.urgent_waiting = 0
 
     @contextlib.asynccontextmanager
-    async def hold(self, *, urgent: bool = False) -> AsyncIterator[None]:
-        await self._acquire(0 if urgent else 1)
+    async def hold(self, *, urgent: bool = False, background: bool = False) -> AsyncIterator[None]:
+        await self._acquire(0 if urgent else 2 if background else 1)
         try:
             yield
         finally:
@@ -212,19 +213,27 @@ class Database:
         self._observe(operation, started)
 
     async def write_sync(
-        self, operation: str, work: Callable[[sa.Connection], T], *, urgent: bool = False
+        self,
+        operation: str,
+        work: Callable[[sa.Connection], T],
+        *,
+        urgent: bool = False,
+        background: bool = False,
     ) -> T:
         """Run ``work`` in one write transaction, as a single call into the database.
 
         On SQLite that call is one hop to a worker thread with a plain sqlite3 connection
         (aiosqlite would hop once per cursor operation, a dozen times per transaction); on
-        Postgres one hop to a thread of a small pool, over psycopg2.
+        Postgres one hop to a thread of a small pool, over psycopg2. ``urgent``: the webhook
+        waits for it (granted SQLite's writer first); ``background``: housekeeping, granted
+        the writer only when no one else waits for it.
         """
         started = time.perf_counter()
         if not self.is_sqlite:
             return await self._on_pg_thread(operation, work, started)
         assert self._write_lock is not None
-        async with self._write_lock.hold(urgent=urgent), self._translated():
+        hold = self._write_lock.hold(urgent=urgent, background=background)
+        async with hold, self._translated():
             loop = asyncio.get_running_loop()
             result = await loop.run_in_executor(self._writer, self._run_sync_sqlite, work)
         self._observe(operation, started)

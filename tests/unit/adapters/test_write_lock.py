@@ -50,3 +50,28 @@ async def test_the_write_lock_counts_urgent_waiters_for_the_holder_to_see():
     await asyncio.gather(*tasks, return_exceptions=True)
     assert seen == [0, 0]  # the urgent one went first; nobody waits once it holds the lock
     assert lock.urgent_waiting == 0
+
+
+async def test_background_waiters_get_the_lock_only_when_no_one_else_waits():
+    import asyncio
+
+    from remediator.adapters.db import database
+
+    lock = database.WriteLock()
+    order = []
+
+    async def take(name, **kind):
+        async with lock.hold(**kind):
+            order.append(name)
+            await asyncio.sleep(0)
+
+    async with lock.hold():
+        tasks = [asyncio.create_task(take("retention", background=True))]
+        await asyncio.sleep(0)
+        tasks += [
+            asyncio.create_task(take("engine")),
+            asyncio.create_task(take("intake", urgent=True)),
+        ]
+        await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    assert order == ["intake", "engine", "retention"]
