@@ -40,7 +40,7 @@ async def delete_old_deliveries(
 
 
 async def prune_alert_episodes(
-    db: database.Database, *, ended_before: dt.datetime, batch: int = 500
+    db: database.Database, *, ended_before: dt.datetime, batch: int = 200
 ) -> retention_mod.Pruned:
     """Delete expired episodes no run refers to; reduce the rest (see ``domain.retention``).
 
