@@ -46,6 +46,22 @@ class StepChange:
     actor: str = ENGINE
 
 
+def step_event(change: StepChange) -> dict[str, Any]:
+    """What the audit event of a step change says (``Tx.add_event``'s arguments after the
+    kind): every store appends the same."""
+    step, moved = change.step, change.event == "step.transition"
+    return {
+        "actor": change.actor,
+        "run_id": step.run_id,
+        "step_id": step.id,
+        "from_status": step.status.value if moved else None,
+        "to_status": change.to.value if moved else None,
+        "reason": change.reason,
+        "data": {"key": step.key, "action": step.action, "phase": step.phase.value}
+        | dict(change.data),
+    }
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunChange:
     run: records.Run

@@ -1066,18 +1066,7 @@ class SqlTx:
         if change.event is not None:
             # (a change without an event moves only unaudited columns: ``audit.VOLATILE``)
             self._seal("steps", row)
-            moved = change.event == "step.transition"
-            self.add_event(
-                change.event,
-                actor=change.actor,
-                run_id=step.run_id,
-                step_id=step.id,
-                from_status=step.status.value if moved else None,
-                to_status=to.value if moved else None,
-                reason=change.reason,
-                data={"key": step.key, "action": step.action, "phase": step.phase.value}
-                | dict(change.data),
-            )
+            self.add_event(change.event, **transitions.step_event(change))
         return self._kept_step(step_from_row(row))
 
     def _hold_step(self, change: transitions.StepChange) -> records.Step:
@@ -1097,18 +1086,7 @@ class SqlTx:
         moved_step = dataclasses.replace(step, status=to, **fields)
         if change.event is not None:
             self._unsealed.setdefault("steps", {})[str(step.id)] = _UNWRITTEN  # type: ignore[assignment]
-            moved = change.event == "step.transition"
-            self.add_event(
-                change.event,
-                actor=change.actor,
-                run_id=step.run_id,
-                step_id=step.id,
-                from_status=step.status.value if moved else None,
-                to_status=to.value if moved else None,
-                reason=change.reason,
-                data={"key": step.key, "action": step.action, "phase": step.phase.value}
-                | dict(change.data),
-            )
+            self.add_event(change.event, **transitions.step_event(change))
         return self._kept_step(moved_step)
 
     def _hold(

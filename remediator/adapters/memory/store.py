@@ -289,18 +289,7 @@ class MemoryTx(fleet.FleetTx):
         moved = tables.updated_step(current, {"status": to.value, **change.values})
         self._own("steps", self.tables.steps)[step.id] = moved
         if change.event is not None:
-            changed_status = change.event == "step.transition"
-            self.add_event(
-                change.event,
-                actor=change.actor,
-                run_id=step.run_id,
-                step_id=step.id,
-                from_status=step.status.value if changed_status else None,
-                to_status=to.value if changed_status else None,
-                reason=change.reason,
-                data={"key": step.key, "action": step.action, "phase": step.phase.value}
-                | dict(change.data),
-            )
+            self.add_event(change.event, **transitions.step_event(change))
         return tables.detached_step(moved)
 
     def update_step_output(
