@@ -36,8 +36,9 @@ class Tx(Protocol):
 
     def write_pending(self) -> None:
         """Write the compare-and-set changes this transaction holds back to write in batch
-        (``apply`` of a step may): ``errors.Conflict`` if a row moved meanwhile. Every read
-        and the commit do this first; a caller needs it only to place such a conflict."""
+        (``apply`` and ``mark_episode_handled`` may): ``errors.Conflict`` if a row moved
+        meanwhile. Every read and the commit do this first; a caller needs it only to place
+        such a conflict."""
         ...
 
     def add_event(

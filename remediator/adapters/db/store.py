@@ -68,7 +68,6 @@ _ENSURE_GUARD_LOCK = (
     .on_conflict_do_nothing(index_elements=[G.c.key])
 )
 _LOCK_GUARDS = sa.select(G.c.key).where(G.c.key == "lock:guards").with_for_update()
-_MARK_HANDLED = sa.update(E).where(E.c.id == sa.bindparam("w_id"))
 _COUNT_NODE_RUNS = (
     sa.select(sa.func.count())
     .select_from(R)
@@ -190,7 +189,7 @@ _POSTGRES = postgresql.psycopg2.dialect()  # type: ignore[no-untyped-call]
 @functools.cache
 def _held_update(postgres: bool, kind: _Kind, count: int) -> Any:
     """``UPDATE ... FROM (VALUES ...)``: ``count`` held changes of one ``kind`` in one
-    statement, each row returned only if it still was as expected."""
+    statement, each row (of steps and runs) returned only if it still was as expected."""
     table = _HELD_TABLES[kind.table]
     steps = table is S
     names = ["id", *(["w_status"] if steps else []), *(["w_owner"] if kind.owner else [])]
@@ -210,16 +209,17 @@ def _held_update(postgres: bool, kind: _Kind, count: int) -> Any:
     where += ["steps.lease_owner = v.w_owner"] if kind.owner else []
     if kind.sources:  # statuses of the run state machine, never outside input
         where.append(f"runs.status IN ({', '.join(repr(status) for status in kind.sources)})")
-    returned = table.c if table is not E else [E.c.id]
     # (only the table's column names, fixed statuses and placeholders are put in the text)
     sql = (
         f"WITH v({', '.join(names)}) AS (VALUES {rows}) "  # noqa: S608
         f"UPDATE {table.name} SET {', '.join(f'{name} = v.{name}' for name in kind.columns)} "
-        f"FROM v WHERE {' AND '.join(where)} "
-        f"RETURNING {', '.join(f'{table.name}.{c.name}' for c in returned)}"
+        f"FROM v WHERE {' AND '.join(where)}"
     )
     binds = [sa.bindparam(f"{name}_{n}", type_=types[name]) for n in range(count) for name in names]
-    return sa.text(sql).bindparams(*binds).columns(*returned)
+    if table is E:  # unconditional and unsealed: nothing to read back
+        return sa.text(sql).bindparams(*binds)
+    returning = ", ".join(f"{table.name}.{column.name}" for column in table.c)
+    return sa.text(f"{sql} RETURNING {returning}").bindparams(*binds).columns(*table.c)
 
 
 def episode_from_row(row: Any) -> records.Episode:
@@ -521,10 +521,9 @@ _ELSEWHERE = (
 _PASSING = {
     table: frozenset(map(id, _statements(*_ELSEWHERE, *also)))
     for table, also in (
-        ("steps", (_GET_RUN, _GET_RUNS, _GET_EPISODE, _GET_EPISODES,
-                   _MARK_HANDLED, _LOCK_UNHANDLED)),
+        ("steps", (_GET_RUN, _GET_RUNS, _GET_EPISODE, _GET_EPISODES, _LOCK_UNHANDLED)),
         ("runs", (_GET_STEP, _STEPS_OF_RUN, _STEPS_OF_RUNS, _TRANSITION_STEP, _GET_EPISODE,
-                  _GET_EPISODES, _MARK_HANDLED, _LOCK_UNHANDLED)),
+                  _GET_EPISODES, _LOCK_UNHANDLED)),
         ("alert_episodes", (_GET_STEP, _STEPS_OF_RUN, _STEPS_OF_RUNS, _TRANSITION_STEP,
                             _GET_RUN, _GET_RUNS)),
     )
@@ -697,10 +696,11 @@ class SqlTx:
         self._steps_of: dict[int, list[records.Step]] = {}
         self._held: dict[str, set[str]] = {}  # live lock keys by prefix, read once
         self._guards_locked = False
-        # Step changes decided but not yet written, by step id (``apply``): a stage's claims
-        # or a batch of outcomes are written together, a statement per kind of change, not
-        # one per step. Written before any other statement could read them and before the
-        # commit; the compare-and-set holds as before (the row must still be as it was read).
+        # Step and run transitions and episode marks decided but not yet written, by table and
+        # id (``apply``, ``mark_episode_handled``): a stage's changes are written together, a
+        # statement per kind of change, not one per row. Written before any other statement
+        # could read them and before the commit; the compare-and-set holds as before (the row
+        # must still be as it was read).
         self._holding: dict[tuple[str, int], _Held] = {}
 
     # -- helpers ---------------------------------------------------------------------------
@@ -800,7 +800,7 @@ class SqlTx:
         return self.db.writers_waiting() and time.perf_counter() - self._started >= YIELD_AFTER
 
     def flush(self) -> None:
-        """Write held step changes, seal rows no event sealed, then link the transaction's
+        """Write held changes, seal rows no event sealed, then link the transaction's
         events into the chain, insert them and move the head (``SqlStore.run`` calls this
         last)."""
         self.write_pending()
@@ -1074,9 +1074,8 @@ class SqlTx:
         compare-and-set is checked here against what this transaction knows of the row, and
         against the row itself when written."""
         step, to = change.step, change.to
-        known = self._steps.get(step.id)
-        if known is not None or ("steps", step.id) in self._holding:
-            current = known or step
+        current = self._steps.get(step.id)  # as held, when a change of it is
+        if current is not None:
             moved = current.status is not step.status
             if moved or (change.expect_owner and current.lease_owner != change.expect_owner):
                 raise errors.Conflict(f"step {step.id} is no longer {step.status.value}")
@@ -1146,7 +1145,7 @@ class SqlTx:
             params |= {f"{name}_{n}": held.values[name] for name in kind.columns}
         rows = self.conn.conn.execute(statement, params)
         if kind.table == E.name:
-            return {str(row.id): "" for row in rows}
+            return {}
         return {str(row.id): audit.row_digest(kind.table, dict(row._mapping)) for row in rows}
 
     def _seal_written(self, written: dict[str, dict[str, str]]) -> None:
