@@ -49,11 +49,17 @@ async def transaction(store_: store.Store, operation: str, work: Callable[[store
 
     def without_savepoints(tx: store.Tx) -> T:
         _WITHOUT_SAVEPOINTS.add(tx)
-        result = work(tx)
-        try:  # a change held back to be written in batch meets its row only now
+        tx.batch_inserts()  # (the attempt with savepoints creates runs one by one)
+        try:
+            result = work(tx)
             tx.write_pending()
-        except errors.Conflict as e:
-            raise Isolate(f"Conflict: {e}"[:300]) from e
+        except (Isolate, errors.StoreUnavailable):
+            raise
+        except Exception as e:
+            # A change or a new run held back to be written in batch meets its row (and the
+            # database its values) only now, or at a read between units: with savepoints,
+            # the unit it belongs to is the one that fails.
+            raise Isolate(f"{type(e).__name__}: {e}"[:300]) from e
         return result
 
     try:

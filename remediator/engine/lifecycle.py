@@ -219,6 +219,11 @@ def _end_cooldown(tx: store.Tx, run: records.Run, playbook: playbooks.Playbook |
     )
 
 
+def repeat_window(tx: store.Tx) -> dt.datetime:
+    """Since when a node's runs count toward ``max_per_node_per_day``."""
+    return tx.now - dt.timedelta(hours=24)
+
+
 def _escalate_repeat_offender(
     tx: store.Tx, new: records.NewRun, config: guards.GuardConfig, registry: actions.Registry
 ) -> records.NewRun:
@@ -226,7 +231,7 @@ def _escalate_repeat_offender(
     the loop stops at a human instead of cordoning the same node again and again."""
     if new.status is not runs.RunStatus.PENDING or new.dry_run:
         return new
-    count = tx.count_node_runs(new.node, since=tx.now - dt.timedelta(hours=24)) if new.node else 0
+    count = tx.count_node_runs(new.node, since=repeat_window(tx)) if new.node else 0
     if count < config.max_per_node_per_day:
         return new
     gated = tuple(

@@ -220,11 +220,27 @@ class Engine:
     ) -> bool:
         registry, dry_run = self.services.registry, self.settings.dry_run
         handled = 0
-        for episode in tx.lock_unhandled_episodes(self.settings.batch):
+        episodes = tx.lock_unhandled_episodes(self.settings.batch)
+        # (not in ``targets``: arrived after they were read, or the cluster was silent)
+        chosen = {
+            episode.id: self._episode_targets(targets, episode, index)
+            for episode in episodes
+            if targets is None or episode.id in targets
+        }
+        nodes = {
+            choice.node
+            for episode in episodes
+            if episode.status is alerts.AlertStatus.FIRING and episode.id in chosen
+            for choice in chosen[episode.id].values()
+            if choice.node
+        }
+        if nodes:  # each new run's repeat-offender count, read for the batch at once
+            tx.count_runs_by_node(nodes, since=lifecycle.repeat_window(tx))
+        for episode in episodes:
             if handled and tx.should_yield():
                 break  # the rest stay unhandled for the next pass
-            if targets is not None and episode.id not in targets:
-                continue  # arrived after the targets were read, or the cluster was silent
+            if episode.id not in chosen:
+                continue
             isolation.run_unit(
                 tx,
                 f"episode:{episode.id}",
@@ -237,7 +253,7 @@ class Engine:
                     dry_run=dry_run,
                     guard_base=self.settings.guards,
                     report=done.report,
-                    targets=self._episode_targets(targets, episode, index),
+                    targets=chosen[episode.id],
                 ),
                 quarantine=functools.partial(lifecycle.quarantine_episode, tx, episode),
                 report=done.report,

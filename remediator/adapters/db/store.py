@@ -110,6 +110,25 @@ def _take_lock(insert: Any) -> Any:
 # Dialect-specific upserts, one per backend: (SQLite, Postgres).
 _TAKE_LOCK = (_take_lock(sqlite.insert), _take_lock(postgresql.insert))
 _INSERT_RUN = sa.insert(R).returning(*R.c)
+# Ids for held rows: Postgres hands out its sequences' next values (one statement for a
+# batch); SQLite's single writer goes on from the largest id.
+_NEXT_IDS = {
+    table.name: sa.text(
+        f"SELECT nextval(pg_get_serial_sequence('{table.name}', 'id')) AS id "  # noqa: S608
+        "FROM generate_series(1, :count)"
+    ).columns(id=sa.BigInteger())
+    for table in (R, S)
+}
+_LAST_ID = {table.name: sa.select(sa.func.coalesce(sa.func.max(table.c.id), 0)) for table in (R, S)}
+_COUNT_RUNS_BY_NODE = (
+    sa.select(R.c.node, sa.func.count().label("count"))
+    .where(
+        R.c.node.in_(sa.bindparam("w_nodes", expanding=True)),
+        R.c.created_at >= sa.bindparam("w_since", type_=tables.UTCDateTime()),
+        R.c.kind != "undo",
+    )
+    .group_by(R.c.node)
+)
 _INSERT_ALERT_RUN = tuple(
     insert(R)
     .on_conflict_do_nothing(index_elements=[R.c.episode_id, R.c.playbook, R.c.kind])
@@ -513,7 +532,8 @@ def _statements(*found: Any) -> Iterator[Any]:
 _ELSEWHERE = (
     _INSERT_EVENT, _UPDATE_HEAD, _HEAD, _ENSURE_GUARD_LOCK, _LOCK_GUARDS, _RELEASE_RUN_LOCKS,
     _TAKE_LOCK, _DISRUPTED, _GUARD_STATE, _RECORD_DISRUPTION, _HELD_KEYS, _NODE_DISRUPTION,
-    _INSERT_STEPS, _INSERT_RUN, _INSERT_ALERT_RUN, _COUNT_NODE_RUNS, _RECENT_RUNS,
+    _INSERT_STEPS, _INSERT_RUN, _INSERT_ALERT_RUN, _COUNT_NODE_RUNS, _COUNT_RUNS_BY_NODE,
+    _RECENT_RUNS,
 )  # fmt: skip
 # Statements that never read a table's held columns, by table: they pass its held changes
 # (``_Barrier``). All of ``_ELSEWHERE`` read other tables, insert new rows or count runs by
@@ -528,6 +548,11 @@ _PASSING = {
                             _GET_RUN, _GET_RUNS)),
     )
 }  # fmt: skip
+# Statements that pass held new runs: counts of runs by node, to which the transaction adds
+# its held ones itself, and a lock for no run (a cooldown). Any other statement, one that
+# reads runs or steps or names a run, writes them first.
+_PASSING_INSERTS = frozenset(map(id, _statements(_COUNT_NODE_RUNS, _COUNT_RUNS_BY_NODE)))
+_TAKE_LOCKS = frozenset(map(id, _statements(_TAKE_LOCK)))
 
 
 class _DisruptedNodes(AbstractSet[str]):
@@ -642,6 +667,29 @@ class SqlStore:
         return records.Probe(**{key: bool(value) for key, value in row._mapping.items()})
 
 
+def _step_values(step: records.NewStep) -> dict[str, Any]:
+    return {
+        "seq": step.seq,
+        "key": step.key,
+        "phase": step.phase.value,
+        "action": step.action,
+        "params": step.params,
+        "status": (runs.StepStatus.PENDING if step.enabled else runs.StepStatus.SKIPPED).value,
+        "requires_approval": step.requires_approval,
+        "approvals_required": step.approvals_required,
+        "attempt": 0,
+        "max_attempts": step.max_attempts,
+        "timeout_seconds": step.timeout_seconds,
+        "on_failure": step.on_failure.value,
+        "undo_of": step.undo_of,
+        "undo": step.undo.to_json() if step.undo else None,
+        "retry": step.retry.model_dump(mode="json"),
+        "effect": runs.Effect.NONE.value,
+        "due_at": None,
+        "output": {} if step.enabled else {"skipped": "disabled in the playbook"},
+    }
+
+
 class _Barrier:
     """The transaction's connection: a statement that could read a held change (any but the
     ``_PASSING`` ones of each table with held changes) first writes them all."""
@@ -650,14 +698,31 @@ class _Barrier:
         self.conn = conn
         self._write = write
         self.holding: set[str] = set()
+        self.inserting = False  # new runs are held
 
     def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.holding and any(id(statement) not in _PASSING[t] for t in self.holding):
+        if (self.inserting and not _passes_inserts(statement, args)) or (
+            self.holding and any(id(statement) not in _PASSING[t] for t in self.holding)
+        ):
             self._write()
         return self.conn.execute(statement, *args, **kwargs)
 
     def begin_nested(self) -> sa.NestedTransaction:
         return self.conn.begin_nested()
+
+
+def _passes_inserts(statement: Any, args: tuple[Any, ...]) -> bool:
+    if id(statement) in _PASSING_INSERTS:
+        return True
+    return id(statement) in _TAKE_LOCKS and bool(args) and args[0].get("run_id") is None
+
+
+@dataclasses.dataclass
+class _NewRun:
+    """An alert run (and its steps) decided, with ids of its own, not yet written."""
+
+    run: dict[str, Any]
+    steps: list[dict[str, Any]]
 
 
 class SqlTx:
@@ -702,6 +767,15 @@ class SqlTx:
         # could read them and before the commit; the compare-and-set holds as before (the row
         # must still be as it was read).
         self._holding: dict[tuple[str, int], _Held] = {}
+        # New alert runs held the same way (``batch_inserts``), with the ids they will have.
+        self._batching = False
+        self._inserting: list[_NewRun] = []
+        self._free_ids: dict[str, list[int]] = {}  # Postgres: handed out, not yet used
+        self._last_id: dict[str, int] = {}  # SQLite: the largest id, as this writer knows it
+        self._expected_runs = 0  # the episodes locked to plan: how many ids to ask for
+        # Runs by node since a time (the repeat-offender count), read for a batch of nodes at
+        # once and kept current by this transaction's own new runs.
+        self._node_runs: tuple[dt.datetime, dict[str, int]] | None = None
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -767,6 +841,8 @@ class SqlTx:
             # its events and row writes are gone too, and what was counted or kept from them
             self._holding.clear()
             self.conn.holding.clear()
+            self._inserting.clear()
+            self.conn.inserting = False
             del self._pending[pending:]
             self._unsealed = unsealed
             self._forget()
@@ -776,6 +852,8 @@ class SqlTx:
     def _forget(self) -> None:
         self._guards_locked = False  # a lock taken in a savepoint rolled back is released
         self._fleet_guards.clear()
+        self._node_runs = None
+        self._last_id.clear()
         self._held.clear()
         self._runs.clear()
         self._episodes.clear()
@@ -833,6 +911,7 @@ class SqlTx:
         query = _LOCK_UNHANDLED[self.db.is_postgres]
         found = [episode_from_row(row) for row in self.conn.execute(query, {"w_limit": limit})]
         self._episodes.update((episode.id, episode) for episode in found)
+        self._expected_runs = len(found)
         return found
 
     def mark_episode_handled(self, episode: records.Episode) -> None:
@@ -856,7 +935,8 @@ class SqlTx:
     # -- runs and steps --------------------------------------------------------------------
 
     def insert_run(self, new: records.NewRun, *, actor: str) -> int | None:
-        """Create a run and its steps; ``None`` if this episode already has this run."""
+        """Create a run and its steps; ``None`` if this episode already has this run (held
+        alert runs, ``batch_inserts``: ``errors.Conflict`` when written)."""
         self._fleet_guards.clear()  # it may count among the breaker's recent runs
         values = {
             "playbook": new.playbook,
@@ -876,54 +956,18 @@ class SqlTx:
             "updated_at": self.now,
             "finished_at": self.now if new.status in runs.RUN_TERMINAL else None,
         }
-        statement = (
-            _INSERT_RUN if new.episode_id is None else _INSERT_ALERT_RUN[self.db.is_postgres]
-        )
-        row = self.conn.execute(statement, values).one_or_none()
-        if row is None:
-            return None
-        self._seal("runs", row)
-        run_id = int(row.id)
-        # What was just written is what the rest of this transaction reads (the run is started
-        # and its first step made due at once): kept from RETURNING, not read again.
-        self._runs[run_id] = run_from_row(row)
-        self._steps_of[run_id] = []
-        if new.steps:
-            inserted = self.conn.execute(
-                _INSERT_STEPS,
-                [
-                    {
-                        "run_id": run_id,
-                        "seq": step.seq,
-                        "key": step.key,
-                        "phase": step.phase.value,
-                        "action": step.action,
-                        "params": step.params,
-                        "status": (
-                            runs.StepStatus.PENDING if step.enabled else runs.StepStatus.SKIPPED
-                        ).value,
-                        "requires_approval": step.requires_approval,
-                        "approvals_required": step.approvals_required,
-                        "attempt": 0,
-                        "max_attempts": step.max_attempts,
-                        "timeout_seconds": step.timeout_seconds,
-                        "on_failure": step.on_failure.value,
-                        "undo_of": step.undo_of,
-                        "undo": step.undo.to_json() if step.undo else None,
-                        "retry": step.retry.model_dump(mode="json"),
-                        "effect": runs.Effect.NONE.value,
-                        "due_at": None,
-                        "output": {} if step.enabled else {"skipped": "disabled in the playbook"},
-                    }
-                    for step in new.steps
-                ],
-            )
-            for step_row in inserted:
-                self._seal("steps", step_row)
-                step = step_from_row(step_row)
-                self._steps[step.id] = step
-                self._steps_of[run_id].append(step)
-            self._steps_of[run_id].sort(key=lambda step: (step.seq, step.id))
+        steps = [_step_values(step) for step in new.steps]
+        if self._batching and new.episode_id is not None:
+            run_id = self._hold_insert(values, steps)
+        else:
+            found = self._insert_now(values, steps)
+            if found is None:
+                return None
+            run_id = found
+        if self._node_runs is not None and new.node and new.kind is not runs.RunKind.UNDO:
+            counts = self._node_runs[1]
+            if new.node in counts:  # (a node not read is counted when it is)
+                counts[new.node] += 1
         self.add_event(
             "run.created",
             actor=actor,
@@ -941,6 +985,70 @@ class SqlTx:
             },
         )
         return run_id
+
+    def _insert_now(self, values: dict[str, Any], steps: list[dict[str, Any]]) -> int | None:
+        statement = (
+            _INSERT_RUN if values["episode_id"] is None else _INSERT_ALERT_RUN[self.db.is_postgres]
+        )
+        row = self.conn.execute(statement, values).one_or_none()
+        self._last_id.clear()  # (SQLite chose the ids)
+        if row is None:
+            return None
+        self._seal("runs", row)
+        run_id = int(row.id)
+        # What was just written is what the rest of this transaction reads (the run is started
+        # and its first step made due at once): kept from RETURNING, not read again.
+        self._runs[run_id] = run_from_row(row)
+        self._steps_of[run_id] = []
+        if steps:
+            inserted = self.conn.execute(_INSERT_STEPS, [{"run_id": run_id, **s} for s in steps])
+            for step_row in inserted:
+                self._seal("steps", step_row)
+                self._keep_new_step(step_from_row(step_row))
+        return run_id
+
+    def _keep_new_step(self, step: records.Step) -> None:
+        self._steps[step.id] = step
+        siblings = self._steps_of[step.run_id]
+        siblings.append(step)
+        siblings.sort(key=lambda step: (step.seq, step.id))
+
+    def batch_inserts(self) -> None:
+        self._batching = True
+
+    def _hold_insert(self, values: dict[str, Any], steps: list[dict[str, Any]]) -> int:
+        """Give a new run and its steps their ids now; write them with the others later
+        (``write_pending``). Its event seals the rows as written."""
+        run_id = values["id"] = self._new_ids(R.name, 1, max(1, self._expected_runs))[0]
+        self._expected_runs -= 1
+        step_ids = self._new_ids(S.name, len(steps), len(steps) * max(1, self._expected_runs))
+        unsealed = self._unsealed.setdefault(R.name, {})
+        unsealed[str(run_id)] = _UNWRITTEN  # type: ignore[assignment]
+        unsealed = self._unsealed.setdefault(S.name, {}) if steps else {}
+        for step, step_id in zip(steps, step_ids, strict=True):
+            step |= {"id": step_id, "run_id": run_id}
+            unsealed[str(step_id)] = _UNWRITTEN  # type: ignore[assignment]
+        self._inserting.append(_NewRun(values, steps))
+        self.conn.inserting = True
+        return int(run_id)
+
+    def _new_ids(self, table: str, count: int, ahead: int) -> list[int]:
+        """``count`` ids no row of ``table`` has; on Postgres ``ahead`` are asked for at
+        once (what the rest of the batch is likely to need)."""
+        if not count:
+            return []
+        if not self.db.is_postgres:
+            last = self._last_id.get(table)
+            if last is None:
+                last = int(self.conn.conn.execute(_LAST_ID[table]).scalar_one())
+            self._last_id[table] = last + count
+            return list(range(last + 1, last + count + 1))
+        free = self._free_ids.setdefault(table, [])
+        if len(free) < count:
+            asked = {"count": max(count - len(free), ahead)}
+            free += [int(row.id) for row in self.conn.conn.execute(_NEXT_IDS[table], asked)]
+        taken, self._free_ids[table] = free[:count], free[count:]
+        return taken
 
     def get_run(self, run_id: int) -> records.Run | None:
         if run_id in self._runs:
@@ -1108,9 +1216,13 @@ class SqlTx:
 
     def write_pending(self) -> None:
         """Write the held changes, a statement per kind (table, columns set, condition);
-        ``errors.Conflict`` for the first row that moved meanwhile."""
-        if not self._holding:
+        ``errors.Conflict`` for the first row that moved meanwhile. New runs first (one
+        statement for the runs, one for their steps): ``errors.Conflict`` if one was already
+        there."""
+        if not (self._holding or self._inserting):
             return
+        inserted: dict[str, dict[str, str]] = {R.name: {}, S.name: {}}
+        existing = self._write_inserts(inserted) if self._inserting else []
         holding, self._holding = self._holding, {}
         self.conn.holding.clear()
         kinds: dict[_Kind, list[tuple[int, _Held]]] = {}
@@ -1121,7 +1233,9 @@ class SqlTx:
             for start in range(0, len(changes), _HELD_BATCH):
                 batch = changes[start : start + _HELD_BATCH]
                 written.setdefault(kind.table, {}).update(self._write_held(kind, batch))
-        self._seal_written(written)
+        for table, digests in written.items():
+            inserted.setdefault(table, {}).update(digests)
+        self._seal_written(inserted)
         lost = [
             (table, row_id, held)
             for (table, row_id), held in holding.items()
@@ -1129,6 +1243,32 @@ class SqlTx:
         ]
         if lost:
             self._lost(lost)
+        if existing:
+            new = existing[0].run
+            raise errors.Conflict(
+                f"episode {new['episode_id']} already has a {new['kind']} run of playbook "
+                f"{new['playbook']}"
+            )
+
+    def _write_inserts(self, written: dict[str, dict[str, str]]) -> list[_NewRun]:
+        """Write the held new runs and their steps (their digests into ``written``); the
+        ones not written (the episode had the run already)."""
+        inserting, self._inserting = self._inserting, []
+        self.conn.inserting = False
+        rows = self.conn.conn.execute(
+            _INSERT_ALERT_RUN[self.db.is_postgres], [new.run for new in inserting]
+        ).all()
+        for row in rows:
+            written[R.name][str(row.id)] = audit.row_digest(R.name, dict(row._mapping))
+            self._runs[row.id] = run_from_row(row)
+            self._steps_of[row.id] = []
+        ids = {row.id for row in rows}
+        steps = [step for new in inserting if new.run["id"] in ids for step in new.steps]
+        if steps:
+            for row in self.conn.conn.execute(_INSERT_STEPS, steps):
+                written[S.name][str(row.id)] = audit.row_digest(S.name, dict(row._mapping))
+                self._keep_new_step(step_from_row(row))
+        return [new for new in inserting if new.run["id"] not in ids]
 
     def _write_held(self, kind: _Kind, changes: list[tuple[int, _Held]]) -> dict[str, str]:
         """One statement for ``changes``: the digests of the rows it wrote, by id."""
@@ -1310,8 +1450,29 @@ class SqlTx:
         return int(result.rowcount or 0)
 
     def count_node_runs(self, node: str, *, since: dt.datetime) -> int:
-        return int(
-            self.conn.execute(_COUNT_NODE_RUNS, {"w_node": node, "w_since": since}).scalar_one()
+        if self._node_runs is not None and self._node_runs[0] == since:
+            known = self._node_runs[1].get(node)
+            if known is not None:
+                return known
+        found = self.conn.execute(_COUNT_NODE_RUNS, {"w_node": node, "w_since": since})
+        return int(found.scalar_one()) + self._held_runs_on(node)
+
+    def count_runs_by_node(self, nodes: Iterable[str], *, since: dt.datetime) -> dict[str, int]:
+        counts = dict.fromkeys(sorted(set(nodes)), 0)
+        if counts:
+            params = {"w_nodes": list(counts), "w_since": since}
+            counts |= {
+                row.node: int(row.count) for row in self.conn.execute(_COUNT_RUNS_BY_NODE, params)
+            }
+            counts = {node: count + self._held_runs_on(node) for node, count in counts.items()}
+        self._node_runs = (since, counts)
+        return dict(counts)
+
+    def _held_runs_on(self, node: str) -> int:
+        """Held new runs on ``node`` that count as its runs (not undo runs; all are new)."""
+        kind = runs.RunKind.UNDO.value
+        return sum(
+            1 for new in self._inserting if new.run["node"] == node and new.run["kind"] != kind
         )
 
     def expired_leases(self, limit: int) -> list[records.Step]:

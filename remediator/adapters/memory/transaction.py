@@ -78,6 +78,9 @@ class Transaction:
     def should_yield(self) -> bool:
         return self._yield_to is not None and self._yield_to()
 
+    def batch_inserts(self) -> None:
+        """Nothing is held back: every run is created where it is decided."""
+
     def write_pending(self) -> None:
         """Nothing is held back: every change is made where it is decided."""
 
