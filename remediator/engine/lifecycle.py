@@ -348,15 +348,9 @@ def start_run(
 ) -> bool:
     taken: list[str] = []
     if run.exclusive and run.node:
-        key = node_lock_key(run.node)
-        if not tx.try_lock(key, run_id=run.id, expires_at=None):
-            return False
-        taken.append(key)
+        taken.append(node_lock_key(run.node))
     elif run.node and run.gpu:
-        key = gpu_lock_key(run.node, run.gpu)
-        if not tx.try_lock(key, run_id=run.id, expires_at=None):
-            return False
-        taken.append(key)
+        taken.append(gpu_lock_key(run.node, run.gpu))
     prefix = f"slot:{run.playbook}:"
     held = tx.held_keys(prefix)
     # Slots are taken from the lowest up: looking first from as many as are held finds a
@@ -364,8 +358,18 @@ def start_run(
     first = min(len(held), concurrency)
     slots = itertools.chain(range(first, concurrency), range(first))
     free = (key for key in (f"{prefix}{slot}" for slot in slots) if key not in held)
-    if len(held) >= concurrency or not any(
-        tx.try_lock(key, run_id=run.id, expires_at=None) for key in free
+    # The node (or GPU) and the first free slot in one statement; a slot someone else took
+    # meanwhile, the next one (a run is only tried while its node looks free: the startable
+    # runs are those whose node no other run holds).
+    room = len(held) < concurrency
+    slot = next(free, None) if room else None
+    got = tx.try_locks([*taken, *([slot] if slot else [])], run_id=run.id, expires_at=None)
+    if not all(key in got for key in taken):
+        if got:
+            tx.release_locks(got)
+        return False
+    if slot not in got and not (
+        room and any(tx.try_lock(key, run_id=run.id, expires_at=None) for key in free)
     ):
         tx.release_locks(taken)
         # Said once per run: the marker is a lock of the run's, released when it ends.

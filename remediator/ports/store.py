@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, Protocol, TypeVar, overload
 
@@ -133,6 +133,11 @@ class Tx(Protocol):
     def active_runs_with_no_active_step(self, limit: int) -> list[records.Run]: ...
 
     def try_lock(self, key: str, *, run_id: int | None, expires_at: dt.datetime | None) -> bool: ...
+    def try_locks(
+        self, keys: Sequence[str], *, run_id: int | None, expires_at: dt.datetime | None
+    ) -> set[str]:
+        """``try_lock`` of each of ``keys`` (in one statement): the ones taken."""
+        ...
 
     def effect_ledger(
         self,

@@ -11,7 +11,7 @@ import dataclasses
 import datetime as dt
 import functools
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, TypeVar, overload
 
@@ -79,7 +79,7 @@ _COUNT_NODE_RUNS = (
 )
 _RELEASE_RUN_LOCKS = (
     sa.delete(L)
-    .where(L.c.run_id == sa.bindparam("w_run_id"), L.c.expires_at.is_(None))
+    .where(L.c.run_id.in_(sa.bindparam("w_run_ids", expanding=True)), L.c.expires_at.is_(None))
     .returning(L.c.key)
 )
 # The audit chain's head: (SQLite, Postgres, where it is locked until the transaction ends).
@@ -553,6 +553,19 @@ _PASSING = {
 # reads runs or steps or names a run, writes them first.
 _PASSING_INSERTS = frozenset(map(id, _statements(_COUNT_NODE_RUNS, _COUNT_RUNS_BY_NODE)))
 _TAKE_LOCKS = frozenset(map(id, _statements(_TAKE_LOCK)))
+# Statements that pass held lock releases: none of them reads the locks table.
+_PASSING_RELEASES = frozenset(
+    map(
+        id,
+        _statements(
+            _INSERT_EVENT, _UPDATE_HEAD, _HEAD, _ENSURE_GUARD_LOCK, _LOCK_GUARDS, _DISRUPTED,
+            _GUARD_STATE, _RECORD_DISRUPTION, _NODE_DISRUPTION, _INSERT_STEPS, _INSERT_RUN,
+            _INSERT_ALERT_RUN, _COUNT_NODE_RUNS, _COUNT_RUNS_BY_NODE, _RECENT_RUNS, _GET_RUN,
+            _GET_RUNS, _GET_STEP, _STEPS_OF_RUN, _STEPS_OF_RUNS, _GET_EPISODE, _GET_EPISODES,
+            _TRANSITION_STEP, _LOCK_UNHANDLED, _LOCK_ADVANCEABLE, _LOCK_DUE,
+        ),
+    )
+)  # fmt: skip
 
 
 class _DisruptedNodes(AbstractSet[str]):
@@ -699,10 +712,13 @@ class _Barrier:
         self._write = write
         self.holding: set[str] = set()
         self.inserting = False  # new runs are held
+        self.releasing = False  # lock releases are held
 
     def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
-        if (self.inserting and not _passes_inserts(statement, args)) or (
-            self.holding and any(id(statement) not in _PASSING[t] for t in self.holding)
+        if (
+            (self.inserting and not _passes_inserts(statement, args))
+            or (self.releasing and id(statement) not in _PASSING_RELEASES)
+            or (self.holding and any(id(statement) not in _PASSING[t] for t in self.holding))
         ):
             self._write()
         return self.conn.execute(statement, *args, **kwargs)
@@ -714,7 +730,8 @@ class _Barrier:
 def _passes_inserts(statement: Any, args: tuple[Any, ...]) -> bool:
     if id(statement) in _PASSING_INSERTS:
         return True
-    return id(statement) in _TAKE_LOCKS and bool(args) and args[0].get("run_id") is None
+    params = args[0] if args else None
+    return id(statement) in _TAKE_LOCKS and isinstance(params, dict) and params["run_id"] is None
 
 
 @dataclasses.dataclass
@@ -770,6 +787,7 @@ class SqlTx:
         # New alert runs held the same way (``batch_inserts``), with the ids they will have.
         self._batching = False
         self._inserting: list[_NewRun] = []
+        self._releasing: list[int] = []  # runs whose locks go (``release_run_locks``)
         self._free_ids: dict[str, list[int]] = {}  # Postgres: handed out, not yet used
         self._last_id: dict[str, int] = {}  # SQLite: the largest id, as this writer knows it
         self._expected_runs = 0  # the episodes locked to plan: how many ids to ask for
@@ -843,6 +861,8 @@ class SqlTx:
             self.conn.holding.clear()
             self._inserting.clear()
             self.conn.inserting = False
+            self._releasing.clear()
+            self.conn.releasing = False
             del self._pending[pending:]
             self._unsealed = unsealed
             self._forget()
@@ -1219,8 +1239,10 @@ class SqlTx:
         ``errors.Conflict`` for the first row that moved meanwhile. New runs first (one
         statement for the runs, one for their steps): ``errors.Conflict`` if one was already
         there."""
-        if not (self._holding or self._inserting):
+        if not (self._holding or self._inserting or self._releasing):
             return
+        if self._releasing:
+            self._write_releases()
         inserted: dict[str, dict[str, str]] = {R.name: {}, S.name: {}}
         existing = self._write_inserts(inserted) if self._inserting else []
         holding, self._holding = self._holding, {}
@@ -1640,11 +1662,35 @@ class SqlTx:
                 held.add(key)
         return taken.one_or_none() is not None
 
+    def try_locks(
+        self, keys: Sequence[str], *, run_id: int | None, expires_at: dt.datetime | None
+    ) -> set[str]:
+        """``try_lock`` of each key, in one statement: the keys taken."""
+        if len(keys) < 2:
+            return {key for key in keys if self.try_lock(key, run_id=run_id, expires_at=expires_at)}
+        taken = self.conn.execute(
+            _TAKE_LOCK[self.db.is_postgres],
+            [
+                {"key": key, "run_id": run_id, "acquired_at": self.now, "expires_at": expires_at}
+                for key in keys
+            ],
+        )
+        for prefix, held in self._held.items():
+            held.update(key for key in keys if key.startswith(prefix))
+        return {row.key for row in taken}
+
     def release_run_locks(self, run_id: int) -> None:
-        """Release what a finished run held, except expiring locks (cooldowns run their time)."""
-        released = [row.key for row in self.conn.execute(_RELEASE_RUN_LOCKS, {"w_run_id": run_id})]
-        for held in self._held.values():
-            held.difference_update(released)
+        """Release what a finished run held, except expiring locks (cooldowns run their time).
+        Held, and written with the other finished runs' (``write_pending``): the keys read
+        so far are read again when next asked for."""
+        self._releasing.append(run_id)
+        self.conn.releasing = True
+        self._held.clear()
+
+    def _write_releases(self) -> None:
+        releasing, self._releasing = self._releasing, []
+        self.conn.releasing = False
+        self.conn.conn.execute(_RELEASE_RUN_LOCKS, {"w_run_ids": releasing})
 
     def release_locks(self, keys: Iterable[str]) -> None:
         keys = list(keys)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from remediator.adapters.memory import tables, transaction
@@ -180,6 +180,11 @@ class FleetTx(transaction.Transaction):
             key=key, run_id=run_id, acquired_at=self.now, expires_at=tables.utc(expires_at)
         )
         return True
+
+    def try_locks(
+        self, keys: Sequence[str], *, run_id: int | None, expires_at: dt.datetime | None
+    ) -> set[str]:
+        return {key for key in keys if self.try_lock(key, run_id=run_id, expires_at=expires_at)}
 
     def release_run_locks(self, run_id: int) -> None:
         """Release what a finished run held, except expiring locks (cooldowns run their time)."""

@@ -39,6 +39,9 @@ class Tx:
         self.held.add(key)
         return True
 
+    def try_locks(self, keys: Any, *, run_id: int | None, expires_at: Any) -> set[str]:
+        return {key for key in keys if self.try_lock(key, run_id=run_id, expires_at=expires_at)}
+
     def release_locks(self, keys: Any) -> None:
         self.held.difference_update(keys)
 

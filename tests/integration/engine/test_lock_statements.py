@@ -1,0 +1,159 @@
+"""A start takes its node and its playbook slot in one statement, and the runs a pass ends
+give up their locks in one statement (two lock inserts and a delete an alert in a burst):
+the locks themselves behave as before."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from remediator.adapters.db import audit, database, migrate
+from remediator.adapters.db import store as sql_store
+from remediator.domain import runs
+from remediator.engine import lifecycle
+from tests.contract.plans import new_run
+
+NOW = dt.datetime(2026, 12, 1, 12, tzinfo=dt.UTC)
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[sql_store.SqlStore]:
+    db = database.Database(database_url)
+    await migrate.upgrade(db)
+    try:
+        yield sql_store.SqlStore(db, clock=lambda: NOW)
+    finally:
+        await db.dispose()
+
+
+class _Statements:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        self.seen.append(" ".join(statement.split()))
+
+    def starting(self, prefix: str) -> list[str]:
+        return [s for s in self.seen if s.startswith(prefix)]
+
+    def __enter__(self) -> _Statements:
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", self)
+
+
+async def _pending(store: sql_store.SqlStore, nodes: list[str]) -> list[int]:
+    def create(tx: sql_store.SqlTx) -> list[int]:
+        made = [tx.insert_run(new_run(node=node), actor="test") for node in nodes]
+        return [run_id for run_id in made if run_id is not None]
+
+    made: list[int] = await store.run("prepare", create)
+    return made
+
+
+def _start(tx: sql_store.SqlTx, run_ids: list[int], concurrency: int = 10) -> list[bool]:
+    tx.read_runs(run_ids, steps=False)
+    started = []
+    for run_id in run_ids:
+        run = tx.get_run(run_id)
+        assert run is not None
+        started.append(lifecycle.start_run(tx, run, concurrency=concurrency))
+    return started
+
+
+async def _locks(store: sql_store.SqlStore) -> dict[str, int | None]:
+    async with store.db.read() as conn:
+        rows = await conn.execute(sa.text("SELECT key, run_id FROM locks"))
+        return {row.key: row.run_id for row in rows}
+
+
+async def test_a_start_takes_its_node_and_its_slot_in_one_statement(
+    store: sql_store.SqlStore,
+) -> None:
+    nodes = ["gpu-node-01", "gpu-node-02", "gpu-node-03"]
+    run_ids = await _pending(store, nodes)
+    with _Statements() as statements:
+        assert await store.run("start", lambda tx: _start(tx, run_ids)) == [True] * 3
+    assert len(statements.starting("INSERT INTO locks")) == 3  # was 6
+    locks = await _locks(store)
+    assert {key: locks[key] for key in locks if key.startswith("node:")} == {
+        f"node:{node}": run_id for node, run_id in zip(nodes, run_ids, strict=True)
+    }
+    assert sorted(k for k in locks if k.startswith("slot:")) == [
+        f"slot:reboot:{n}" for n in range(3)
+    ]
+
+
+async def test_a_start_on_a_node_someone_holds_takes_nothing(store: sql_store.SqlStore) -> None:
+    holder, waiting = await _pending(store, ["gpu-node-01", "gpu-node-01"])
+    assert await store.run("first", lambda tx: _start(tx, [holder])) == [True]
+    assert await store.run("second", lambda tx: _start(tx, [waiting])) == [False]
+    locks = await _locks(store)
+    assert locks == {"node:gpu-node-01": holder, "slot:reboot:0": holder}
+
+
+async def test_a_start_whose_first_slot_was_taken_meanwhile_takes_the_next(
+    store: sql_store.SqlStore,
+) -> None:
+    [run_id] = await _pending(store, ["gpu-node-01"])
+
+    def start(tx: sql_store.SqlTx) -> list[bool]:
+        tx.held_keys("slot:reboot:")  # read now: slot 0 looks free
+        tx.conn.conn.execute(  # another replica takes it
+            sa.text(
+                "INSERT INTO locks (key, run_id, acquired_at) VALUES ('slot:reboot:0', NULL, :at)"
+            ),
+            {"at": NOW},
+        )
+        return _start(tx, [run_id], concurrency=2)
+
+    assert await store.run("start", start) == [True]
+    locks = await _locks(store)
+    assert locks["slot:reboot:1"] == run_id
+    assert locks["node:gpu-node-01"] == run_id
+
+
+async def test_the_runs_a_pass_ends_release_their_locks_in_one_statement(
+    store: sql_store.SqlStore,
+) -> None:
+    run_ids = await _pending(store, ["gpu-node-01", "gpu-node-02", "gpu-node-03"])
+    assert await store.run("start", lambda tx: _start(tx, run_ids)) == [True] * 3
+    waiting = await _pending(store, ["gpu-node-01"])
+
+    def end_and_start(tx: sql_store.SqlTx) -> list[bool]:
+        tx.read_runs(run_ids)
+        for run_id in run_ids:
+            run = tx.get_run(run_id)
+            assert run is not None
+            lifecycle.finish_run(tx, run, runs.RunStatus.SUCCEEDED, reason="done")
+        # the same pass starts a run on a node and in a slot just given up
+        return _start(tx, waiting, concurrency=3)
+
+    with _Statements() as statements:
+        assert await store.run("end", end_and_start) == [True]
+    assert len(statements.starting("DELETE FROM locks")) == 1  # was 3
+    assert await _locks(store) == {"node:gpu-node-01": waiting[0], "slot:reboot:0": waiting[0]}
+    assert (await audit.AuditQueries(store.db).verify()).ok
+
+
+async def test_held_releases_go_with_a_rolled_back_savepoint(store: sql_store.SqlStore) -> None:
+    [run_id] = await _pending(store, ["gpu-node-01"])
+    assert await store.run("start", lambda tx: _start(tx, [run_id])) == [True]
+
+    def end_in_failed_unit(tx: sql_store.SqlTx) -> None:
+        def unit() -> None:
+            with tx.savepoint():
+                tx.release_run_locks(run_id)
+                raise RuntimeError("the unit fails")
+
+        with pytest.raises(RuntimeError):
+            unit()
+
+    await store.run("end", end_in_failed_unit)
+    assert await _locks(store) == {"node:gpu-node-01": run_id, "slot:reboot:0": run_id}
