@@ -432,10 +432,16 @@ class Engine:
     ) -> Iterator[records.Step]:
         """``steps``, with the runs and episodes of the next ``ahead`` read in two statements
         before they are claimed (each claim read its run and its episode, one statement each,
-        when an earlier pass had started the run)."""
+        when an earlier pass had started the run), and their nodes noted for the guards."""
         source = iter(steps)
         while chunk := list(itertools.islice(source, ahead)):
             tx.read_runs((step.run_id for step in chunk), steps=False)
+            # their guard decisions' node disruptions, read together at the first of them
+            tx.note_guard_nodes(
+                run.node
+                for step in chunk
+                if (run := tx.get_run(step.run_id)) is not None and run.node is not None
+            )
             yield from chunk
 
     async def _after(self, done: _Pass) -> None:

@@ -515,6 +515,19 @@ _NODE_DISRUPTION = sa.select(
     _active_count().label("active"),
     _active_count(_IN_POOL).label("active_in_pool"),
 ).where(D.c.node == sa.bindparam("w_node"))
+# The same for many nodes at once, a row per node and pool (``note_guard_nodes``).
+_NODE_DISRUPTIONS = (
+    sa.select(
+        D.c.node,
+        D.c.pool,
+        sa.type_coerce(
+            sa.func.max(sa.func.coalesce(D.c.released_at, D.c.started_at)), tables.UTCDateTime()
+        ).label("last"),
+        _active_count().label("active"),
+    )
+    .where(D.c.node.in_(sa.bindparam("w_nodes", expanding=True)))
+    .group_by(D.c.node, D.c.pool)
+)
 #: Before any reset of the breaker: every run in the window counts.
 _NEVER = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
@@ -532,6 +545,7 @@ def _statements(*found: Any) -> Iterator[Any]:
 _ELSEWHERE = (
     _INSERT_EVENT, _UPDATE_HEAD, _HEAD, _ENSURE_GUARD_LOCK, _LOCK_GUARDS, _RELEASE_RUN_LOCKS,
     _TAKE_LOCK, _DISRUPTED, _GUARD_STATE, _RECORD_DISRUPTION, _HELD_KEYS, _NODE_DISRUPTION,
+    _NODE_DISRUPTIONS,
     _INSERT_STEPS, _INSERT_RUN, _INSERT_ALERT_RUN, _COUNT_NODE_RUNS, _COUNT_RUNS_BY_NODE,
     _RECENT_RUNS,
 )  # fmt: skip
@@ -559,7 +573,8 @@ _PASSING_RELEASES = frozenset(
         id,
         _statements(
             _INSERT_EVENT, _UPDATE_HEAD, _HEAD, _ENSURE_GUARD_LOCK, _LOCK_GUARDS, _DISRUPTED,
-            _GUARD_STATE, _RECORD_DISRUPTION, _NODE_DISRUPTION, _INSERT_STEPS, _INSERT_RUN,
+            _GUARD_STATE, _RECORD_DISRUPTION, _NODE_DISRUPTION, _NODE_DISRUPTIONS, _INSERT_STEPS,
+            _INSERT_RUN,
             _INSERT_ALERT_RUN, _COUNT_NODE_RUNS, _COUNT_RUNS_BY_NODE, _RECENT_RUNS, _GET_RUN,
             _GET_RUNS, _GET_STEP, _STEPS_OF_RUN, _STEPS_OF_RUNS, _GET_EPISODE, _GET_EPISODES,
             _TRANSITION_STEP, _LOCK_UNHANDLED, _LOCK_ADVANCEABLE, _LOCK_DUE,
@@ -794,6 +809,11 @@ class SqlTx:
         # Runs by node since a time (the repeat-offender count), read for a batch of nodes at
         # once and kept current by this transaction's own new runs.
         self._node_runs: tuple[dt.datetime, dict[str, int]] | None = None
+        # Nodes whose guard decisions are likely (``note_guard_nodes``), and their disruption
+        # rows once read (by pool: when last disrupted, how many active), all at the first
+        # decision, after the guards' lock.
+        self._guard_nodes: set[str] = set()
+        self._node_disruptions: dict[str, list[tuple[str | None, dt.datetime | None, int]]] = {}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -874,6 +894,7 @@ class SqlTx:
         self._fleet_guards.clear()
         self._node_runs = None
         self._last_id.clear()
+        self._node_disruptions.clear()
         self._held.clear()
         self._runs.clear()
         self._episodes.clear()
@@ -1385,15 +1406,36 @@ class SqlTx:
         disrupted, breaker, recent = fleet
         last = None
         if node is not None:
-            row = self.conn.execute(_NODE_DISRUPTION, {"w_node": node, "w_pool": pool}).one()
-            last = row.last
-            disrupted.learn(node, bool(row.active_in_pool if pool is not None else row.active))
+            last, active, active_in_pool = self._node_disruption(node, pool)
+            disrupted.learn(node, bool(active_in_pool if pool is not None else active))
         return guards.Snapshot(
             disrupted_nodes=disrupted,
             gpu_nodes=gpu_nodes,
             recent_runs=int(recent),
             breaker_open=bool(breaker.get("open")),
             node_last_disrupted=last,
+        )
+
+    def note_guard_nodes(self, nodes: Iterable[str]) -> None:
+        self._guard_nodes.update(nodes)
+
+    def _node_disruption(self, node: str, pool: str | None) -> tuple[dt.datetime | None, int, int]:
+        """When ``node`` was last disrupted, and its active disruptions (in all pools, in
+        ``pool``): with the other noted nodes in one read, the first time one is asked."""
+        if node not in self._node_disruptions and node in self._guard_nodes:
+            unread = sorted(self._guard_nodes - self._node_disruptions.keys())
+            self._node_disruptions |= {name: [] for name in unread}
+            for row in self.conn.execute(_NODE_DISRUPTIONS, {"w_nodes": unread}):
+                self._node_disruptions[row.node].append((row.pool, row.last, int(row.active)))
+        rows = self._node_disruptions.get(node)
+        if rows is None:
+            row = self.conn.execute(_NODE_DISRUPTION, {"w_node": node, "w_pool": pool}).one()
+            return row.last, int(row.active), int(row.active_in_pool)
+        times = [last for _, last, _ in rows if last is not None]
+        return (
+            max(times) if times else None,
+            sum(active for _, _, active in rows),
+            sum(active for row_pool, _, active in rows if pool is not None and row_pool == pool),
         )
 
     def _fleet_guard_state(
@@ -1458,11 +1500,14 @@ class SqlTx:
             _RECORD_DISRUPTION[self.db.is_postgres],
             {"run_id": run_id, "node": node, "pool": pool, "started_at": self.now},
         )
+        self._node_disruptions.pop(node, None)  # read again if asked again
+        self._guard_nodes.discard(node)
         for then in added:
             then()
 
     def release_disruptions(self, *, node: str | None = None, run_id: int | None = None) -> int:
         self._fleet_guards.clear()
+        self._node_disruptions.clear()
         conditions: list[sa.ColumnElement[bool]] = [D.c.released_at.is_(None)]
         if node is not None:
             conditions.append(D.c.node == node)

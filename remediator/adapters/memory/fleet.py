@@ -118,6 +118,9 @@ class FleetTx(transaction.Transaction):
             if run.node == node and run.created_at >= start and run.kind is not runs.RunKind.UNDO
         )
 
+    def note_guard_nodes(self, nodes: Iterable[str]) -> None:
+        """Every read is in memory: nothing to read ahead."""
+
     def count_runs_by_node(self, nodes: Iterable[str], *, since: dt.datetime) -> dict[str, int]:
         return {node: self.count_node_runs(node, since=since) for node in sorted(set(nodes))}
 

@@ -157,3 +157,67 @@ async def test_held_releases_go_with_a_rolled_back_savepoint(store: sql_store.Sq
 
     await store.run("end", end_in_failed_unit)
     assert await _locks(store) == {"node:gpu-node-01": run_id, "slot:reboot:0": run_id}
+
+
+async def test_the_guard_decisions_of_a_claim_batch_read_their_nodes_disruptions_once(
+    store: sql_store.SqlStore,
+) -> None:
+    """The nodes of a batch of claims are noted; the first decision reads the disruptions
+    of all of them, after the guards' lock, and every decision answers as a read of its own
+    node would (when last disrupted, whether active, in all pools and in the decision's)."""
+    [run_id] = await _pending(store, ["gpu-node-09"])
+    earlier = NOW - dt.timedelta(minutes=30)
+
+    def disrupt(tx: sql_store.SqlTx) -> None:
+        tx.record_disruption(run_id=run_id, node="gpu-node-01", pool="a")
+        tx.record_disruption(run_id=run_id, node="gpu-node-02", pool="b")
+
+    await sql_store.SqlStore(store.db, clock=lambda: earlier).run("earlier", disrupt)
+
+    def released(tx: sql_store.SqlTx) -> None:
+        tx.record_disruption(run_id=run_id, node="gpu-node-03", pool="a")
+        tx.release_disruptions(node="gpu-node-03")
+
+    await store.run("released", released)
+    nodes = ["gpu-node-01", "gpu-node-02", "gpu-node-03", "gpu-node-04"]
+
+    def decide(tx: sql_store.SqlTx, note: bool) -> list[Any]:  # (noted: then one disrupted)
+        if note:
+            tx.note_guard_nodes(nodes)
+        tx.lock_guards()
+        found = []
+        for node in nodes:
+            for pool in (None, "a"):
+                snapshot = tx.guard_snapshot(
+                    node=node, since=NOW, disruptive_playbooks=(), gpu_nodes=10, pool=pool
+                )
+                found.append(
+                    (node, pool, snapshot.node_last_disrupted, node in snapshot.disrupted_nodes)
+                )
+        if not note:
+            return found
+        tx.record_disruption(run_id=run_id, node="gpu-node-04", pool="a")
+        snapshot = tx.guard_snapshot(
+            node="gpu-node-04", since=NOW, disruptive_playbooks=(), gpu_nodes=10, pool="a"
+        )
+        found.append(("gpu-node-04", "a", snapshot.node_last_disrupted, True))
+        return found
+
+    alone = await store.run("alone", lambda tx: decide(tx, note=False))
+    with _Statements() as statements:
+        noted = await store.run("noted", lambda tx: decide(tx, note=True))
+    assert noted[:-1] == alone
+    assert noted == [
+        ("gpu-node-01", None, earlier, True),
+        ("gpu-node-01", "a", earlier, True),
+        ("gpu-node-02", None, earlier, True),
+        ("gpu-node-02", "a", earlier, False),
+        ("gpu-node-03", None, NOW, False),
+        ("gpu-node-03", "a", NOW, False),
+        ("gpu-node-04", None, None, False),
+        ("gpu-node-04", "a", None, False),
+        ("gpu-node-04", "a", NOW, True),
+    ]
+    per_node = [s for s in statements.seen if "FROM disruptions WHERE disruptions.node" in s]
+    assert len(per_node) == 2  # the noted nodes at once, then gpu-node-04 after its disruption
+    assert "IN" in per_node[0]
