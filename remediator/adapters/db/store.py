@@ -583,6 +583,21 @@ _PASSING_RELEASES = frozenset(
 )  # fmt: skip
 
 
+# Statements that pass held disruptions: none of them reads the disruptions table.
+_PASSING_DISRUPTIONS = frozenset(
+    map(
+        id,
+        _statements(
+            _INSERT_EVENT, _UPDATE_HEAD, _HEAD, _ENSURE_GUARD_LOCK, _LOCK_GUARDS, _GUARD_STATE,
+            _INSERT_STEPS, _INSERT_RUN, _INSERT_ALERT_RUN, _COUNT_NODE_RUNS, _COUNT_RUNS_BY_NODE,
+            _RECENT_RUNS, _GET_RUN, _GET_RUNS, _GET_STEP, _STEPS_OF_RUN, _STEPS_OF_RUNS,
+            _GET_EPISODE, _GET_EPISODES, _TRANSITION_STEP, _LOCK_UNHANDLED, _LOCK_ADVANCEABLE,
+            _LOCK_DUE, _LOCK_STARTABLE, _TAKE_LOCK, _HELD_KEYS, _RELEASE_RUN_LOCKS,
+        ),
+    )
+)  # fmt: skip
+
+
 class _DisruptedNodes(AbstractSet[str]):
     """The nodes disrupted now (in one pool, or in all), as guard decisions read them: how
     many, and whether a given node is one, each a query the database answers from its index;
@@ -594,14 +609,17 @@ class _DisruptedNodes(AbstractSet[str]):
     def __init__(self, tx: SqlTx, pool: str | None) -> None:
         self._tx = tx
         self._params = {"w_pool": pool}
+        self._pool = pool
         self._in_pool = pool is not None
         self._count: int | None = None
         self._known: dict[str, bool] = {}
 
-    def _run(self, what: str, **params: Any) -> Any:
+    def _run(self, what: str, *, held: bool = True, **params: Any) -> Any:
+        """``held=False``: without writing the transaction's held disruptions first."""
         if self._tx.closed:
             raise RuntimeError("a guard snapshot's disrupted nodes are read in its transaction")
-        return self._tx.conn.execute(_DISRUPTED[self._in_pool, what], self._params | params)
+        conn = self._tx.conn if held else self._tx.conn.conn
+        return conn.execute(_DISRUPTED[self._in_pool, what], self._params | params)
 
     def __len__(self) -> int:
         if self._count is None:
@@ -613,7 +631,11 @@ class _DisruptedNodes(AbstractSet[str]):
             return False
         known = self._known.get(node)
         if known is None:
-            known = self._known[node] = bool(self._run("one", w_node=node).scalar_one())
+            # (the transaction's held disruptions of other nodes do not change the answer:
+            # this node's, if any, answer it without a read, and the read need not wait)
+            known = self._known[node] = self._tx.holds_disruption(node, self._pool) or bool(
+                self._run("one", w_node=node, held=False).scalar_one()
+            )
         return known
 
     def __iter__(self) -> Iterator[str]:
@@ -728,11 +750,13 @@ class _Barrier:
         self.holding: set[str] = set()
         self.inserting = False  # new runs are held
         self.releasing = False  # lock releases are held
+        self.disrupting = False  # new disruptions are held
 
     def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
         if (
             (self.inserting and not _passes_inserts(statement, args))
             or (self.releasing and id(statement) not in _PASSING_RELEASES)
+            or (self.disrupting and id(statement) not in _PASSING_DISRUPTIONS)
             or (self.holding and any(id(statement) not in _PASSING[t] for t in self.holding))
         ):
             self._write()
@@ -803,6 +827,7 @@ class SqlTx:
         self._batching = False
         self._inserting: list[_NewRun] = []
         self._releasing: list[int] = []  # runs whose locks go (``release_run_locks``)
+        self._disrupting: list[dict[str, Any]] = []  # disruptions (``record_disruption``)
         self._free_ids: dict[str, list[int]] = {}  # Postgres: handed out, not yet used
         self._last_id: dict[str, int] = {}  # SQLite: the largest id, as this writer knows it
         self._expected_runs = 0  # the episodes locked to plan: how many ids to ask for
@@ -883,6 +908,8 @@ class SqlTx:
             self.conn.inserting = False
             self._releasing.clear()
             self.conn.releasing = False
+            self._disrupting.clear()
+            self.conn.disrupting = False
             del self._pending[pending:]
             self._unsealed = unsealed
             self._forget()
@@ -1260,12 +1287,16 @@ class SqlTx:
         ``errors.Conflict`` for the first row that moved meanwhile. New runs first (one
         statement for the runs, one for their steps): ``errors.Conflict`` if one was already
         there."""
-        if not (self._holding or self._inserting or self._releasing):
+        if not (self._holding or self._inserting or self._releasing or self._disrupting):
             return
         if self._releasing:
             self._write_releases()
         inserted: dict[str, dict[str, str]] = {R.name: {}, S.name: {}}
         existing = self._write_inserts(inserted) if self._inserting else []
+        if self._disrupting:
+            disrupting, self._disrupting = self._disrupting, []
+            self.conn.disrupting = False
+            self.conn.conn.execute(_RECORD_DISRUPTION[self.db.is_postgres], disrupting)
         holding, self._holding = self._holding, {}
         self.conn.holding.clear()
         kinds: dict[_Kind, list[tuple[int, _Held]]] = {}
@@ -1416,6 +1447,13 @@ class SqlTx:
             node_last_disrupted=last,
         )
 
+    def holds_disruption(self, node: str, pool: str | None) -> bool:
+        """Whether a disruption of ``node`` (in ``pool``, when one is given) is held."""
+        return any(
+            held["node"] == node and (pool is None or held["pool"] == pool)
+            for held in self._disrupting
+        )
+
     def note_guard_nodes(self, nodes: Iterable[str]) -> None:
         self._guard_nodes.update(nodes)
 
@@ -1496,10 +1534,11 @@ class SqlTx:
             for (counted_pool, _, _), (disrupted, _, _) in self._fleet_guards.items()
             if counted_pool is None or counted_pool == pool
         ]
-        self.conn.execute(
-            _RECORD_DISRUPTION[self.db.is_postgres],
-            {"run_id": run_id, "node": node, "pool": pool, "started_at": self.now},
+        # held, and written with the others (``write_pending``) before anything reads them
+        self._disrupting.append(
+            {"run_id": run_id, "node": node, "pool": pool, "started_at": self.now}
         )
+        self.conn.disrupting = True
         self._node_disruptions.pop(node, None)  # read again if asked again
         self._guard_nodes.discard(node)
         for then in added:

@@ -6,6 +6,7 @@ already has is a conflict the pass resolves with savepoints (as ``insert_run`` r
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import AsyncIterator
 from typing import Any
@@ -210,23 +211,25 @@ async def test_a_pass_planning_a_run_the_episode_has_runs_again_with_savepoints(
 async def test_a_held_run_the_database_refuses_fails_only_its_own_unit(
     store: sql_store.SqlStore,
 ) -> None:
-    """A value the database refuses (too long for its column on Postgres) meets it only
-    when the pass writes its new runs, outside any unit: the pass runs again with
-    savepoints, where it is that unit's failure."""
-    if not store.db.is_postgres:
-        pytest.skip("SQLite stores text of any length")
+    """A run the database refuses (on Postgres a node too long for its column, on SQLite,
+    which stores any length, a parent run that does not exist) meets it only when the pass
+    writes its new runs, outside any unit: the pass runs again with savepoints, where it is
+    that unit's failure."""
     bad, good = await _episodes(store, 2)
+    refused = (
+        new_run(episode_id=bad, node="n" * 300)
+        if store.db.is_postgres
+        else dataclasses.replace(new_run(episode_id=bad), parent_run_id=10**9)
+    )
     failed: list[str] = []
 
     def work(tx: sql_store.SqlTx) -> None:
         report = lifecycle.Report()
-        for episode_id, node in ((bad, "n" * 300), (good, "gpu-node-02")):
+        for episode_id, new in ((bad, refused), (good, new_run(episode_id=good))):
             isolation.run_unit(
                 tx,
                 f"episode:{episode_id}",
-                lambda episode_id=episode_id, node=node: tx.insert_run(
-                    new_run(episode_id=episode_id, node=node), actor="t"
-                ),
+                lambda new=new: tx.insert_run(new, actor="t"),
                 quarantine=failed.append,
                 report=report,
                 limit=1,
@@ -235,7 +238,7 @@ async def test_a_held_run_the_database_refuses_fails_only_its_own_unit(
 
     await isolation.transaction(store, "pass", work)
     assert len(failed) == 1
-    assert "too long" in failed[0]
+    assert ("too long" if store.db.is_postgres else "FOREIGN KEY") in failed[0]
     of = await store.run("read", lambda tx: [len(tx.runs_of_episode(e)) for e in (bad, good)])
     assert of == [0, 1]
 

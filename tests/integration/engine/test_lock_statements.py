@@ -221,3 +221,36 @@ async def test_the_guard_decisions_of_a_claim_batch_read_their_nodes_disruptions
     per_node = [s for s in statements.seen if "FROM disruptions WHERE disruptions.node" in s]
     assert len(per_node) == 2  # the noted nodes at once, then gpu-node-04 after its disruption
     assert "IN" in per_node[0]
+
+
+async def test_the_disruptions_a_claim_batch_records_are_one_statement(
+    store: sql_store.SqlStore,
+) -> None:
+    [run_id] = await _pending(store, ["gpu-node-09"])
+
+    def claim(tx: sql_store.SqlTx) -> list[Any]:
+        tx.lock_guards()
+        before = tx.guard_snapshot(
+            node=None, since=NOW, disruptive_playbooks=(), gpu_nodes=10
+        ).disrupted_nodes
+        counted = [len(before)]
+        for n in range(1, 4):
+            tx.record_disruption(run_id=run_id, node=f"gpu-node-0{n}", pool="a")
+            counted.append(len(before))  # kept current, no read
+
+        def dropped() -> None:
+            with tx.savepoint():
+                tx.record_disruption(run_id=run_id, node="gpu-node-04", pool="a")
+                raise RuntimeError("the unit fails")
+
+        with pytest.raises(RuntimeError):
+            dropped()
+        after = tx.guard_snapshot(
+            node=None, since=NOW, disruptive_playbooks=(), gpu_nodes=10
+        ).disrupted_nodes  # read again (the savepoint dropped what it knew): sees them
+        return [*counted, len(after), sorted(after)]
+
+    with _Statements() as statements:
+        found = await store.run("claim", claim)
+    assert found == [0, 1, 2, 3, 3, ["gpu-node-01", "gpu-node-02", "gpu-node-03"]]
+    assert len(statements.starting("INSERT INTO disruptions")) == 1  # was 4
