@@ -34,6 +34,22 @@ def cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def named_cpu_seconds(name: str) -> float:
+    """User plus system CPU time of every live process named ``name`` (``postgres``: the
+    server and its backends; a backend that exits takes its time with it)."""
+    total = 0
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        end = text.rfind(")")
+        if text[text.find("(") + 1 : end] == name:
+            fields = text[end + 1 :].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def pinned(argv: list[str], cpu: int | None) -> list[str]:
     """``argv`` run on ``cpu`` only (taskset), when there is such a CPU and taskset."""
     if cpu is None or cpus() < 2 or shutil.which("taskset") is None:

@@ -12,8 +12,8 @@ import urllib.request
 from collections.abc import Iterator
 
 from bench import intake as intake_mod
+from bench import procs, runbooks, seed, soak, table, world
 from bench import reaction as reaction_mod
-from bench import runbooks, seed, soak, table, world
 from remediator.sim import fleet as sim_fleet
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432"
@@ -215,8 +215,10 @@ def _burst_on(
     ):
         idle = server.proc.rss_mb()
         sim_cpu = sim.proc.cpu_seconds()
+        used = _Cpu(sim, [server.proc])
         got = asyncio.run(reaction_mod.burst([server.url], sim, nodes=nodes, first_seq=first))
         sim_cpu = sim.proc.cpu_seconds() - sim_cpu
+        cpu = used.since(got.seconds)
         after = server.proc.rss_mb()
         duplicate_runs = _duplicate_runs(url)
     target = "≥ 200" if backend == "sqlite" else "≥ 150"
@@ -228,7 +230,8 @@ def _burst_on(
             target,
             f"{got.cordoned}/{got.alerts} cordoned in {got.seconds:.1f} s; simulator "
             f"({total:,} nodes) used {sim_cpu:.1f} CPU s of it"
-            + (f"; duplicate runs {duplicate_runs}" if duplicate_runs is not None else ""),
+            + (f"; duplicate runs {duplicate_runs}" if duplicate_runs is not None else "")
+            + (f"; {cpu}" if backend == "postgres" else ""),
         )
     ]
     if backend == "sqlite":
@@ -253,7 +256,9 @@ def _replicas_on(
         world.serve(workdir, database_url=url, sim=sim, worker="replica-a", cpu=None) as one,
         world.serve(workdir, database_url=url, sim=sim, worker="replica-b", cpu=None) as two,
     ):
+        used = _Cpu(sim, [one.proc, two.proc])
         got = asyncio.run(reaction_mod.burst([one.url, two.url], sim, nodes=nodes, first_seq=first))
+        cpu = used.since(got.seconds)
     return [
         Row(
             "two replicas, cordon runs/s (same burst)",
@@ -261,9 +266,32 @@ def _replicas_on(
             f"{got.per_second:,.1f} ({table.ratio(got.per_second, one_replica)}x one)",
             "≥ 1.6x one replica, 0 duplicates",
             f"{got.cordoned}/{got.alerts} cordoned; effects applied twice (simulator's "
-            f"mutation log, whole run): {_duplicates(sim)}; replicas unpinned",
+            f"mutation log, whole run): {_duplicates(sim)}; replicas unpinned; {cpu}",
         )
     ]
+
+
+class _Cpu:
+    """The CPU the servers, the simulator and Postgres use from now on, against what the
+    machine's cores could give in the same time (when that is nearly all, more replicas
+    cannot go faster on this machine)."""
+
+    def __init__(self, sim: world.Sim, servers: list[procs.Proc]) -> None:
+        self.sim, self.servers = sim, servers
+        self.start = self._now()
+
+    def _now(self) -> tuple[float, float, float]:
+        servers = sum(proc.cpu_seconds() for proc in self.servers)
+        return servers, self.sim.proc.cpu_seconds(), procs.named_cpu_seconds("postgres")
+
+    def since(self, seconds: float) -> str:
+        servers, sim, postgres = (b - a for a, b in zip(self.start, self._now(), strict=True))
+        total = servers + sim + postgres
+        cores = procs.cpus()
+        return (
+            f"CPU {total:.1f} s of the {cores} cores' {cores * seconds:.1f} s (server(s) "
+            f"{servers:.1f}, simulator {sim:.1f}, Postgres {postgres:.1f})"
+        )
 
 
 # ---- drain ------------------------------------------------------------------------------

@@ -77,10 +77,8 @@ _COUNT_NODE_RUNS = (
         R.c.kind != "undo",
     )
 )
-_RELEASE_RUN_LOCKS = (
-    sa.delete(L)
-    .where(L.c.run_id.in_(sa.bindparam("w_run_ids", expanding=True)), L.c.expires_at.is_(None))
-    .returning(L.c.key)
+_RELEASE_RUN_LOCKS = sa.delete(L).where(
+    L.c.run_id.in_(sa.bindparam("w_run_ids", expanding=True)), L.c.expires_at.is_(None)
 )
 # The audit chain's head: (SQLite, Postgres, where it is locked until the transaction ends).
 _HEAD = (

@@ -1,0 +1,30 @@
+"""``bench.procs.named_cpu_seconds``: the CPU of every live process of one name (the bench
+adds up Postgres's server and backends with it)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+
+from bench import procs
+
+
+def _own() -> tuple[str, float]:
+    text = pathlib.Path("/proc/self/stat").read_text()
+    name = text[text.find("(") + 1 : text.rfind(")")]
+    fields = text[text.rfind(")") + 1 :].split()
+    return name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_the_cpu_of_processes_of_a_name_counts_this_one() -> None:
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:  # some CPU of our own to find
+        pass
+    name, own = _own()
+    assert own > 0
+    assert procs.named_cpu_seconds(name) >= own
+
+
+def test_no_process_of_a_name_is_no_cpu() -> None:
+    assert procs.named_cpu_seconds("no-such-process-name") == 0
