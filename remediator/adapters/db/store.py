@@ -540,18 +540,21 @@ def _statements(*found: Any) -> Iterator[Any]:
             yield item
 
 
+def _ids(*statements: Any) -> frozenset[int]:
+    return frozenset(map(id, _statements(*statements)))
+
+
 _ELSEWHERE = (
     _INSERT_EVENT, _UPDATE_HEAD, _HEAD, _ENSURE_GUARD_LOCK, _LOCK_GUARDS, _RELEASE_RUN_LOCKS,
     _TAKE_LOCK, _DISRUPTED, _GUARD_STATE, _RECORD_DISRUPTION, _HELD_KEYS, _NODE_DISRUPTION,
-    _NODE_DISRUPTIONS,
-    _INSERT_STEPS, _INSERT_RUN, _INSERT_ALERT_RUN, _COUNT_NODE_RUNS, _COUNT_RUNS_BY_NODE,
-    _RECENT_RUNS,
+    _NODE_DISRUPTIONS, _INSERT_STEPS, _INSERT_RUN, _INSERT_ALERT_RUN, _COUNT_NODE_RUNS,
+    _COUNT_RUNS_BY_NODE, _RECENT_RUNS,
 )  # fmt: skip
 # Statements that never read a table's held columns, by table: they pass its held changes
 # (``_Barrier``). All of ``_ELSEWHERE`` read other tables, insert new rows or count runs by
 # node or age (columns no change sets).
 _PASSING = {
-    table: frozenset(map(id, _statements(*_ELSEWHERE, *also)))
+    table: _ids(*_ELSEWHERE, *also)
     for table, also in (
         ("steps", (_GET_RUN, _GET_RUNS, _GET_EPISODE, _GET_EPISODES, _LOCK_UNHANDLED)),
         ("runs", (_GET_STEP, _STEPS_OF_RUN, _STEPS_OF_RUNS, _TRANSITION_STEP, _GET_EPISODE,
@@ -560,40 +563,29 @@ _PASSING = {
                             _GET_RUN, _GET_RUNS)),
     )
 }  # fmt: skip
+
+
 # Statements that pass held new runs: counts of runs by node, to which the transaction adds
 # its held ones itself, and a lock for no run (a cooldown). Any other statement, one that
 # reads runs or steps or names a run, writes them first.
-_PASSING_INSERTS = frozenset(map(id, _statements(_COUNT_NODE_RUNS, _COUNT_RUNS_BY_NODE)))
-_TAKE_LOCKS = frozenset(map(id, _statements(_TAKE_LOCK)))
-# Statements that pass held lock releases: none of them reads the locks table.
-_PASSING_RELEASES = frozenset(
-    map(
-        id,
-        _statements(
-            _INSERT_EVENT, _UPDATE_HEAD, _HEAD, _ENSURE_GUARD_LOCK, _LOCK_GUARDS, _DISRUPTED,
-            _GUARD_STATE, _RECORD_DISRUPTION, _NODE_DISRUPTION, _NODE_DISRUPTIONS, _INSERT_STEPS,
-            _INSERT_RUN,
-            _INSERT_ALERT_RUN, _COUNT_NODE_RUNS, _COUNT_RUNS_BY_NODE, _RECENT_RUNS, _GET_RUN,
-            _GET_RUNS, _GET_STEP, _STEPS_OF_RUN, _STEPS_OF_RUNS, _GET_EPISODE, _GET_EPISODES,
-            _TRANSITION_STEP, _LOCK_UNHANDLED, _LOCK_ADVANCEABLE, _LOCK_DUE,
-        ),
-    )
+_PASSING_INSERTS = _ids(_COUNT_NODE_RUNS, _COUNT_RUNS_BY_NODE)
+_TAKE_LOCKS = _ids(_TAKE_LOCK)
+# Statements on runs, steps, episodes, the audit chain and guard state only.
+_NEITHER_LOCKS_NOR_DISRUPTIONS = (
+    _INSERT_EVENT, _UPDATE_HEAD, _HEAD, _ENSURE_GUARD_LOCK, _LOCK_GUARDS, _GUARD_STATE,
+    _INSERT_STEPS, _INSERT_RUN, _INSERT_ALERT_RUN, _COUNT_NODE_RUNS, _COUNT_RUNS_BY_NODE,
+    _RECENT_RUNS, _GET_RUN, _GET_RUNS, _GET_STEP, _STEPS_OF_RUN, _STEPS_OF_RUNS, _GET_EPISODE,
+    _GET_EPISODES, _TRANSITION_STEP, _LOCK_UNHANDLED, _LOCK_ADVANCEABLE, _LOCK_DUE,
 )  # fmt: skip
-
-
-# Statements that pass held disruptions: none of them reads the disruptions table.
-_PASSING_DISRUPTIONS = frozenset(
-    map(
-        id,
-        _statements(
-            _INSERT_EVENT, _UPDATE_HEAD, _HEAD, _ENSURE_GUARD_LOCK, _LOCK_GUARDS, _GUARD_STATE,
-            _INSERT_STEPS, _INSERT_RUN, _INSERT_ALERT_RUN, _COUNT_NODE_RUNS, _COUNT_RUNS_BY_NODE,
-            _RECENT_RUNS, _GET_RUN, _GET_RUNS, _GET_STEP, _STEPS_OF_RUN, _STEPS_OF_RUNS,
-            _GET_EPISODE, _GET_EPISODES, _TRANSITION_STEP, _LOCK_UNHANDLED, _LOCK_ADVANCEABLE,
-            _LOCK_DUE, _LOCK_STARTABLE, _TAKE_LOCK, _HELD_KEYS, _RELEASE_RUN_LOCKS,
-        ),
-    )
+# Statements that pass held lock releases (none reads the locks table) and held disruptions
+# (none reads the disruptions table).
+_PASSING_RELEASES = _ids(
+    *_NEITHER_LOCKS_NOR_DISRUPTIONS, _DISRUPTED, _RECORD_DISRUPTION, _NODE_DISRUPTION,
+    _NODE_DISRUPTIONS,
 )  # fmt: skip
+_PASSING_DISRUPTIONS = _ids(
+    *_NEITHER_LOCKS_NOR_DISRUPTIONS, _LOCK_STARTABLE, _TAKE_LOCK, _HELD_KEYS, _RELEASE_RUN_LOCKS
+)
 
 
 class _DisruptedNodes(AbstractSet[str]):

@@ -7,30 +7,19 @@ written."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from remediator.adapters.db import audit, database, migrate, tables
+from remediator.adapters.db import audit, tables
 from remediator.adapters.db import store as sql_store
 from remediator.domain import errors, records, runs, transitions
 from remediator.engine import isolation, lifecycle
 from tests.contract.plans import new_run
+from tests.support.statements import NOW, Statements, episodes
 
-NOW = dt.datetime(2026, 12, 1, 12, tzinfo=dt.UTC)
 S = tables.steps
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[sql_store.SqlStore]:
-    db = database.Database(database_url)
-    await migrate.upgrade(db)
-    try:
-        yield sql_store.SqlStore(db, clock=lambda: NOW)
-    finally:
-        await db.dispose()
 
 
 async def _started_runs(store: sql_store.SqlStore, count: int) -> list[int]:
@@ -53,24 +42,6 @@ def _first_steps(tx: sql_store.SqlTx, run_ids: list[int]) -> list[records.Step]:
     return [tx.steps_of_run(run_id)[0] for run_id in run_ids]
 
 
-class _Statements:
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        self.seen.append(" ".join(statement.split()))
-
-    def step_updates(self) -> list[str]:
-        return [s for s in self.seen if "UPDATE steps" in s]
-
-    def __enter__(self) -> _Statements:
-        sa.event.listen(sa.engine.Engine, "before_cursor_execute", self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        sa.event.remove(sa.engine.Engine, "before_cursor_execute", self)
-
-
 async def test_the_claims_of_a_stage_are_one_statement(store: sql_store.SqlStore) -> None:
     run_ids = await _started_runs(store, 6)
     until = NOW + dt.timedelta(seconds=30)
@@ -84,10 +55,10 @@ async def test_the_claims_of_a_stage_are_one_statement(store: sql_store.SqlStore
             )
         return claimed
 
-    with _Statements() as statements:
+    with Statements() as statements:
         claimed = await store.run("claim", claim_all)
     # made due and claimed: one row write each, all in one statement (was 12)
-    assert len(statements.step_updates()) == 1
+    assert len(statements.containing("UPDATE steps")) == 1
     stored = await store.run("read", lambda tx: _first_steps(tx, run_ids))
     assert stored == claimed
     assert {(s.status, s.lease_owner, s.attempt) for s in stored} == {
@@ -243,7 +214,7 @@ async def test_the_runs_a_stage_starts_and_ends_are_one_statement(
             )
         return moved
 
-    with _Statements() as statements:
+    with Statements() as statements:
         moved = await store.run("runs", start_and_end)
     assert len([s for s in statements.seen if "UPDATE runs" in s]) == 1  # was 10
     stored = await store.run("read", lambda tx: [tx.get_run(run_id) for run_id in run_ids])
@@ -273,27 +244,7 @@ async def test_a_held_run_change_is_a_conflict_if_its_run_moved_meanwhile(
 async def test_the_episodes_a_pass_handles_are_marked_in_one_statement(
     store: sql_store.SqlStore,
 ) -> None:
-    E = tables.alert_episodes
-
-    def arrive(tx: sql_store.SqlTx) -> None:
-        tx.conn.conn.execute(
-            sa.insert(E),
-            [
-                {
-                    "fingerprint": f"f{n}",
-                    "starts_at": NOW,
-                    "alertname": "GpuXid79",
-                    "status": "firing",
-                    "labels": {},
-                    "annotations": {},
-                    "generator_url": "",
-                    "created_at": NOW,
-                }
-                for n in range(4)
-            ],
-        )
-
-    await store.run("arrive", arrive)
+    await episodes(store, 4)
 
     def handle(tx: sql_store.SqlTx) -> list[int]:
         found = tx.lock_unhandled_episodes(10)
@@ -301,7 +252,7 @@ async def test_the_episodes_a_pass_handles_are_marked_in_one_statement(
             tx.mark_episode_handled(episode)
         return [episode.id for episode in tx.lock_unhandled_episodes(10)]  # sees the marks
 
-    with _Statements() as statements:
+    with Statements() as statements:
         assert await store.run("handle", handle) == []
     assert len([s for s in statements.seen if "UPDATE alert_episodes" in s]) == 1  # was 4
     assert await store.run("again", lambda tx: tx.lock_unhandled_episodes(10)) == []

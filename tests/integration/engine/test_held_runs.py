@@ -8,74 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from remediator.adapters.db import audit, database, migrate, tables
+from remediator.adapters.db import audit, tables
 from remediator.adapters.db import store as sql_store
 from remediator.domain import errors, runs
 from remediator.engine import isolation, lifecycle
 from tests.contract.plans import new_run
 from tests.support.alerts import alert_body
+from tests.support.statements import NOW, Statements, episodes
 
-NOW = dt.datetime(2026, 12, 1, 12, tzinfo=dt.UTC)
 E = tables.alert_episodes
 R = tables.runs
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[sql_store.SqlStore]:
-    db = database.Database(database_url)
-    await migrate.upgrade(db)
-    try:
-        yield sql_store.SqlStore(db, clock=lambda: NOW)
-    finally:
-        await db.dispose()
-
-
-async def _episodes(store: sql_store.SqlStore, count: int) -> list[int]:
-    def arrive(tx: sql_store.SqlTx) -> list[int]:
-        rows = tx.conn.conn.execute(
-            sa.insert(E).returning(E.c.id, sort_by_parameter_order=True),
-            [
-                {
-                    "fingerprint": f"f{n}",
-                    "starts_at": NOW,
-                    "alertname": "GpuXid79",
-                    "status": "firing",
-                    "labels": {},
-                    "annotations": {},
-                    "generator_url": "",
-                    "created_at": NOW,
-                }
-                for n in range(count)
-            ],
-        )
-        return [row.id for row in rows]
-
-    made: list[int] = await store.run("arrive", arrive)
-    return made
-
-
-class _Statements:
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        self.seen.append(" ".join(statement.split()))
-
-    def starting(self, prefix: str) -> list[str]:
-        return [s for s in self.seen if s.startswith(prefix)]
-
-    def __enter__(self) -> _Statements:
-        sa.event.listen(sa.engine.Engine, "before_cursor_execute", self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        sa.event.remove(sa.engine.Engine, "before_cursor_execute", self)
 
 
 def _plan(tx: sql_store.SqlTx, episode_ids: list[int], **kwargs: Any) -> list[int | None]:
@@ -90,8 +37,8 @@ def _plan(tx: sql_store.SqlTx, episode_ids: list[int], **kwargs: Any) -> list[in
 async def test_the_runs_a_pass_plans_are_one_statement_and_their_steps_another(
     store: sql_store.SqlStore,
 ) -> None:
-    episode_ids = await _episodes(store, 6)
-    with _Statements() as statements:
+    episode_ids = await episodes(store, 6)
+    with Statements() as statements:
         made = await store.run("plan", lambda tx: _plan(tx, episode_ids))
     assert len(statements.starting("INSERT INTO runs")) == 1  # was 6
     assert len(statements.starting("INSERT INTO steps")) == 1  # was 6
@@ -113,7 +60,7 @@ async def test_the_runs_a_pass_plans_are_one_statement_and_their_steps_another(
 
 
 async def test_reads_in_the_pass_see_its_held_runs(store: sql_store.SqlStore) -> None:
-    episode_ids = await _episodes(store, 3)
+    episode_ids = await episodes(store, 3)
 
     def plan_and_read(tx: sql_store.SqlTx) -> tuple[Any, ...]:
         made = _plan(tx, episode_ids)
@@ -138,7 +85,7 @@ async def test_reads_in_the_pass_see_its_held_runs(store: sql_store.SqlStore) ->
 async def test_the_audit_seals_held_runs_and_steps_as_they_were_written(
     store: sql_store.SqlStore,
 ) -> None:
-    episode_ids = await _episodes(store, 2)
+    episode_ids = await episodes(store, 2)
     made = await store.run("plan", lambda tx: _plan(tx, episode_ids))
     assert (await audit.AuditQueries(store.db).verify()).ok
     query = sa.select(tables.audit_events.c.run_id, tables.audit_events.c.rows).where(
@@ -157,7 +104,7 @@ async def test_the_audit_seals_held_runs_and_steps_as_they_were_written(
 async def test_a_held_run_the_episode_already_has_is_a_conflict(
     store: sql_store.SqlStore,
 ) -> None:
-    [episode_id] = await _episodes(store, 1)
+    [episode_id] = await episodes(store, 1)
     first = await store.run(
         "first", lambda tx: tx.insert_run(new_run(episode_id=episode_id), actor="t")
     )
@@ -179,7 +126,7 @@ async def test_a_pass_planning_a_run_the_episode_has_runs_again_with_savepoints(
     """The pass meets the existing run only when its new runs are written: it runs again,
     each unit in a savepoint, where ``insert_run`` answers ``None`` as it always did, and
     the other episode's run is created."""
-    taken, free = await _episodes(store, 2)
+    taken, free = await episodes(store, 2)
     await store.run("first", lambda tx: tx.insert_run(new_run(episode_id=taken), actor="t"))
     attempts: list[list[int | None]] = []
 
@@ -215,7 +162,7 @@ async def test_a_held_run_the_database_refuses_fails_only_its_own_unit(
     which stores any length, a parent run that does not exist) meets it only when the pass
     writes its new runs, outside any unit: the pass runs again with savepoints, where it is
     that unit's failure."""
-    bad, good = await _episodes(store, 2)
+    bad, good = await episodes(store, 2)
     refused = (
         new_run(episode_id=bad, node="n" * 300)
         if store.db.is_postgres
@@ -246,7 +193,7 @@ async def test_a_held_run_the_database_refuses_fails_only_its_own_unit(
 async def test_a_rolled_back_savepoint_takes_its_held_runs_with_it(
     store: sql_store.SqlStore,
 ) -> None:
-    kept, dropped = await _episodes(store, 2)
+    kept, dropped = await episodes(store, 2)
 
     def work(tx: sql_store.SqlTx) -> None:
         tx.batch_inserts()
@@ -271,7 +218,7 @@ async def test_the_repeat_offender_count_of_a_batch_is_one_read_and_counts_its_o
 ) -> None:
     """Counted once for the batch's nodes, then kept current by the pass's new runs (held
     or written): the second run on a node in one pass counts the first."""
-    episode_ids = await _episodes(store, 3)
+    episode_ids = await episodes(store, 3)
     since = NOW - dt.timedelta(hours=24)
     await store.run(
         "earlier",
@@ -292,7 +239,7 @@ async def test_the_repeat_offender_count_of_a_batch_is_one_read_and_counts_its_o
         counted.append(tx.count_node_runs("gpu-node-03", since=since))  # not read: asked
         return counted
 
-    with _Statements() as statements:
+    with Statements() as statements:
         counted = await store.run("plan", plan)
     assert counted == [{"gpu-node-01": 1, "gpu-node-02": 0}, 2, 3, 4, 0]
     counts = [s for s in statements.seen if "count(" in s and "runs.node" in s]
@@ -315,7 +262,7 @@ async def test_an_engine_pass_plans_a_storm_in_one_statement_per_table(make_harn
     nodes = [f"gpu-node-{n:02}" for n in range(1, 5)]
     for node in nodes:
         assert (await h.post(alert_body(node=node))).status == 200
-    with _Statements() as statements:
+    with Statements() as statements:
         assert await h.engine.tick()
     await h.engine.wait_in_flight()
     assert len(statements.starting("INSERT INTO runs")) == 1  # was 4

@@ -5,47 +5,17 @@ the locks themselves behave as before."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from remediator.adapters.db import audit, database, migrate
+from remediator.adapters.db import audit
 from remediator.adapters.db import store as sql_store
 from remediator.domain import runs
 from remediator.engine import lifecycle
 from tests.contract.plans import new_run
-
-NOW = dt.datetime(2026, 12, 1, 12, tzinfo=dt.UTC)
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[sql_store.SqlStore]:
-    db = database.Database(database_url)
-    await migrate.upgrade(db)
-    try:
-        yield sql_store.SqlStore(db, clock=lambda: NOW)
-    finally:
-        await db.dispose()
-
-
-class _Statements:
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        self.seen.append(" ".join(statement.split()))
-
-    def starting(self, prefix: str) -> list[str]:
-        return [s for s in self.seen if s.startswith(prefix)]
-
-    def __enter__(self) -> _Statements:
-        sa.event.listen(sa.engine.Engine, "before_cursor_execute", self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        sa.event.remove(sa.engine.Engine, "before_cursor_execute", self)
+from tests.support.statements import NOW, Statements
 
 
 async def _pending(store: sql_store.SqlStore, nodes: list[str]) -> list[int]:
@@ -78,7 +48,7 @@ async def test_a_start_takes_its_node_and_its_slot_in_one_statement(
 ) -> None:
     nodes = ["gpu-node-01", "gpu-node-02", "gpu-node-03"]
     run_ids = await _pending(store, nodes)
-    with _Statements() as statements:
+    with Statements() as statements:
         assert await store.run("start", lambda tx: _start(tx, run_ids)) == [True] * 3
     assert len(statements.starting("INSERT INTO locks")) == 3  # was 6
     locks = await _locks(store)
@@ -135,7 +105,7 @@ async def test_the_runs_a_pass_ends_release_their_locks_in_one_statement(
         # the same pass starts a run on a node and in a slot just given up
         return _start(tx, waiting, concurrency=3)
 
-    with _Statements() as statements:
+    with Statements() as statements:
         assert await store.run("end", end_and_start) == [True]
     assert len(statements.starting("DELETE FROM locks")) == 1  # was 3
     assert await _locks(store) == {"node:gpu-node-01": waiting[0], "slot:reboot:0": waiting[0]}
@@ -204,7 +174,7 @@ async def test_the_guard_decisions_of_a_claim_batch_read_their_nodes_disruptions
         return found
 
     alone = await store.run("alone", lambda tx: decide(tx, note=False))
-    with _Statements() as statements:
+    with Statements() as statements:
         noted = await store.run("noted", lambda tx: decide(tx, note=True))
     assert noted[:-1] == alone
     assert noted == [
@@ -250,7 +220,7 @@ async def test_the_disruptions_a_claim_batch_records_are_one_statement(
         ).disrupted_nodes  # read again (the savepoint dropped what it knew): sees them
         return [*counted, len(after), sorted(after)]
 
-    with _Statements() as statements:
+    with Statements() as statements:
         found = await store.run("claim", claim)
     assert found == [0, 1, 2, 3, 3, ["gpu-node-01", "gpu-node-02", "gpu-node-03"]]
     assert len(statements.starting("INSERT INTO disruptions")) == 1  # was 4
