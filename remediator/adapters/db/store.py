@@ -499,21 +499,9 @@ _HELD_KEYS = sa.select(L.c.key).where(
 )
 
 
-def _active_count(*where: Any) -> Any:
-    return sa.func.coalesce(sa.func.sum(sa.case((sa.and_(_ACTIVE, *where), 1), else_=0)), 0)
-
-
-# One node's disruptions in one read: when it was last disrupted (the cooldown), and whether
-# it is disrupted now, in all pools and in the decision's pool (the budget's "already
-# counted"); that last was a second statement per decision.
-_NODE_DISRUPTION = sa.select(
-    sa.type_coerce(
-        sa.func.max(sa.func.coalesce(D.c.released_at, D.c.started_at)), tables.UTCDateTime()
-    ).label("last"),
-    _active_count().label("active"),
-    _active_count(_IN_POOL).label("active_in_pool"),
-).where(D.c.node == sa.bindparam("w_node"))
-# The same for many nodes at once, a row per node and pool (``note_guard_nodes``).
+# Nodes' disruptions in one read, a row per node and pool: when each was last disrupted (the
+# cooldown), and how many of its disruptions are active (the budget's "already counted", in all
+# pools and in the decision's). Read for a claim batch's noted nodes at once (``note_guard_nodes``).
 _NODE_DISRUPTIONS = (
     sa.select(
         D.c.node,
@@ -521,7 +509,7 @@ _NODE_DISRUPTIONS = (
         sa.type_coerce(
             sa.func.max(sa.func.coalesce(D.c.released_at, D.c.started_at)), tables.UTCDateTime()
         ).label("last"),
-        _active_count().label("active"),
+        sa.func.coalesce(sa.func.sum(sa.case((_ACTIVE, 1), else_=0)), 0).label("active"),
     )
     .where(D.c.node.in_(sa.bindparam("w_nodes", expanding=True)))
     .group_by(D.c.node, D.c.pool)
@@ -546,9 +534,9 @@ def _ids(*statements: Any) -> frozenset[int]:
 
 _ELSEWHERE = (
     _INSERT_EVENT, _UPDATE_HEAD, _HEAD, _ENSURE_GUARD_LOCK, _LOCK_GUARDS, _RELEASE_RUN_LOCKS,
-    _TAKE_LOCK, _DISRUPTED, _GUARD_STATE, _RECORD_DISRUPTION, _HELD_KEYS, _NODE_DISRUPTION,
-    _NODE_DISRUPTIONS, _INSERT_STEPS, _INSERT_RUN, _INSERT_ALERT_RUN, _COUNT_NODE_RUNS,
-    _COUNT_RUNS_BY_NODE, _RECENT_RUNS,
+    _TAKE_LOCK, _DISRUPTED, _GUARD_STATE, _RECORD_DISRUPTION, _HELD_KEYS, _NODE_DISRUPTIONS,
+    _INSERT_STEPS, _INSERT_RUN, _INSERT_ALERT_RUN, _COUNT_NODE_RUNS, _COUNT_RUNS_BY_NODE,
+    _RECENT_RUNS,
 )  # fmt: skip
 # Statements that never read a table's held columns, by table: they pass its held changes
 # (``_Barrier``). All of ``_ELSEWHERE`` read other tables, insert new rows or count runs by
@@ -580,8 +568,7 @@ _NEITHER_LOCKS_NOR_DISRUPTIONS = (
 # Statements that pass held lock releases (none reads the locks table) and held disruptions
 # (none reads the disruptions table).
 _PASSING_RELEASES = _ids(
-    *_NEITHER_LOCKS_NOR_DISRUPTIONS, _DISRUPTED, _RECORD_DISRUPTION, _NODE_DISRUPTION,
-    _NODE_DISRUPTIONS,
+    *_NEITHER_LOCKS_NOR_DISRUPTIONS, _DISRUPTED, _RECORD_DISRUPTION, _NODE_DISRUPTIONS,
 )  # fmt: skip
 _PASSING_DISRUPTIONS = _ids(
     *_NEITHER_LOCKS_NOR_DISRUPTIONS, _LOCK_STARTABLE, _TAKE_LOCK, _HELD_KEYS, _RELEASE_RUN_LOCKS
@@ -1449,16 +1436,20 @@ class SqlTx:
 
     def _node_disruption(self, node: str, pool: str | None) -> tuple[dt.datetime | None, int, int]:
         """When ``node`` was last disrupted, and its active disruptions (in all pools, in
-        ``pool``): with the other noted nodes in one read, the first time one is asked."""
-        if node not in self._node_disruptions and node in self._guard_nodes:
-            unread = sorted(self._guard_nodes - self._node_disruptions.keys())
-            self._node_disruptions |= {name: [] for name in unread}
-            for row in self.conn.execute(_NODE_DISRUPTIONS, {"w_nodes": unread}):
-                self._node_disruptions[row.node].append((row.pool, row.last, int(row.active)))
+        ``pool``): with the other noted nodes in one read, the first time one is asked (a
+        node not noted is read alone, each time)."""
         rows = self._node_disruptions.get(node)
         if rows is None:
-            row = self.conn.execute(_NODE_DISRUPTION, {"w_node": node, "w_pool": pool}).one()
-            return row.last, int(row.active), int(row.active_in_pool)
+            noted = node in self._guard_nodes
+            unread = sorted(self._guard_nodes - self._node_disruptions.keys()) if noted else [node]
+            found: dict[str, list[tuple[str | None, dt.datetime | None, int]]] = {
+                name: [] for name in unread
+            }
+            for row in self.conn.execute(_NODE_DISRUPTIONS, {"w_nodes": unread}):
+                found[row.node].append((row.pool, row.last, int(row.active)))
+            if noted:
+                self._node_disruptions |= found
+            rows = found[node]
         times = [last for _, last, _ in rows if last is not None]
         return (
             max(times) if times else None,
