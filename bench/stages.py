@@ -214,11 +214,9 @@ def _burst_on(
         world.serve(workdir, database_url=url, sim=sim, worker="burst") as server,
     ):
         idle = server.proc.rss_mb()
-        sim_cpu = sim.proc.cpu_seconds()
         used = _Cpu(sim, [server.proc])
         got = asyncio.run(reaction_mod.burst([server.url], sim, nodes=nodes, first_seq=first))
-        sim_cpu = sim.proc.cpu_seconds() - sim_cpu
-        cpu = used.since(got.seconds)
+        cpu = used.since()
         after = server.proc.rss_mb()
         duplicate_runs = _duplicate_runs(url)
     target = "≥ 200" if backend == "sqlite" else "≥ 150"
@@ -229,9 +227,9 @@ def _burst_on(
             f"{got.per_second:,.1f}",
             target,
             f"{got.cordoned}/{got.alerts} cordoned in {got.seconds:.1f} s; simulator "
-            f"({total:,} nodes) used {sim_cpu:.1f} CPU s of it"
+            f"({total:,} nodes) used {cpu.sim:.1f} CPU s of it"
             + (f"; duplicate runs {duplicate_runs}" if duplicate_runs is not None else "")
-            + (f"; {cpu}" if backend == "postgres" else ""),
+            + (f"; {cpu.against(got.seconds)}" if backend == "postgres" else ""),
         )
     ]
     if backend == "sqlite":
@@ -258,7 +256,7 @@ def _replicas_on(
     ):
         used = _Cpu(sim, [one.proc, two.proc])
         got = asyncio.run(reaction_mod.burst([one.url, two.url], sim, nodes=nodes, first_seq=first))
-        cpu = used.since(got.seconds)
+        cpu = used.since()
     return [
         Row(
             "two replicas, cordon runs/s (same burst)",
@@ -266,31 +264,51 @@ def _replicas_on(
             f"{got.per_second:,.1f} ({table.ratio(got.per_second, one_replica)}x one)",
             "≥ 1.6x one replica, 0 duplicates",
             f"{got.cordoned}/{got.alerts} cordoned; effects applied twice (simulator's "
-            f"mutation log, whole run): {_duplicates(sim)}; replicas unpinned; {cpu}",
+            f"mutation log, whole run): {_duplicates(sim)}; replicas unpinned; "
+            f"{cpu.against(got.seconds)}",
         )
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Used:
+    """CPU seconds the servers, the simulator and Postgres used."""
+
+    servers: float
+    sim: float
+    postgres: float
+
+    def against(self, seconds: float) -> str:
+        """Set against what the machine's cores could give in ``seconds`` (when that is
+        nearly all, more replicas cannot go faster on this machine)."""
+        cores = procs.cpus()
+        total = self.servers + self.sim + self.postgres
+        return (
+            f"CPU {total:.1f} s of the {cores} cores' {cores * seconds:.1f} s (server(s) "
+            f"{self.servers:.1f}, simulator {self.sim:.1f}, Postgres {self.postgres:.1f})"
+        )
+
+
 class _Cpu:
-    """The CPU the servers, the simulator and Postgres use from now on, against what the
-    machine's cores could give in the same time (when that is nearly all, more replicas
-    cannot go faster on this machine)."""
+    """The CPU the servers, the simulator and Postgres use from now on."""
 
     def __init__(self, sim: world.Sim, servers: list[procs.Proc]) -> None:
         self.sim, self.servers = sim, servers
         self.start = self._now()
 
-    def _now(self) -> tuple[float, float, float]:
-        servers = sum(proc.cpu_seconds() for proc in self.servers)
-        return servers, self.sim.proc.cpu_seconds(), procs.named_cpu_seconds("postgres")
+    def _now(self) -> _Used:
+        return _Used(
+            servers=sum(proc.cpu_seconds() for proc in self.servers),
+            sim=self.sim.proc.cpu_seconds(),
+            postgres=procs.named_cpu_seconds("postgres"),
+        )
 
-    def since(self, seconds: float) -> str:
-        servers, sim, postgres = (b - a for a, b in zip(self.start, self._now(), strict=True))
-        total = servers + sim + postgres
-        cores = procs.cpus()
-        return (
-            f"CPU {total:.1f} s of the {cores} cores' {cores * seconds:.1f} s (server(s) "
-            f"{servers:.1f}, simulator {sim:.1f}, Postgres {postgres:.1f})"
+    def since(self) -> _Used:
+        now, start = self._now(), self.start
+        return _Used(
+            servers=now.servers - start.servers,
+            sim=now.sim - start.sim,
+            postgres=now.postgres - start.postgres,
         )
 
 
