@@ -57,7 +57,7 @@ class Gate:
         label = config.pool_label
         if label is None or node is None:
             return None, len(self.fleet)
-        # pool sizes are counted once per snapshot: a decision is O(1), not O(fleet)
+        # the fleet keeps pool sizes counted change by change: a decision is O(1), not O(fleet)
         pool = self.fleet.get(node, {}).get(label)
         return pool, self.fleet.pool_sizes(label)[pool]
 

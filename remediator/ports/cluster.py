@@ -238,30 +238,74 @@ class ObjectRef:
 # ---- the GPU fleet as a watch keeps it ----------------------------------------------------
 
 
+_Pools = collections.Counter[str | None]
+
+
+def _count(labels: Iterator[Mapping[str, str]], label: str) -> _Pools:
+    return collections.Counter(node.get(label) for node in labels)
+
+
+def _moved(sizes: _Pools, pool: str | None, by: int) -> None:
+    sizes[pool] += by
+    if not sizes[pool]:
+        del sizes[pool]
+
+
 class FleetSnapshot(Mapping[str, Mapping[str, str]]):
     """The GPU nodes (name → labels) at one moment, never changed after: what the guards count
-    in a decision (the budget's percentage, pool sizes, the driver-upgrade hold)."""
+    in a decision (the budget's percentage, pool sizes, the driver-upgrade hold).
 
-    def __init__(self, labels: dict[str, Mapping[str, str]]) -> None:
-        self._labels = labels
-        self._pools: dict[str, collections.Counter[str | None]] = {}
+    A full copy of the fleet (``base``, shared by snapshots and never changed) with the nodes
+    changed since it was made on top (``changes``: the new labels, ``None`` for a node gone),
+    and the pool sizes the fleet keeps counted: taking a snapshot after a label change
+    copies the changes and the counts, not the fleet, so a storm that labels its nodes does
+    not make every engine pass O(fleet)."""
+
+    def __init__(
+        self,
+        base: dict[str, Mapping[str, str]],
+        changes: dict[str, Mapping[str, str] | None],
+        size: int,
+        pools: dict[str, _Pools],
+        fleet: GpuFleet | None = None,
+    ) -> None:
+        self._base = base
+        self._changes = changes
+        self._size = size
+        self._pools = pools
+        self._fleet = fleet
 
     def __getitem__(self, name: str) -> Mapping[str, str]:
-        return self._labels[name]
+        if name in self._changes:
+            labels = self._changes[name]
+            if labels is None:
+                raise KeyError(name)
+            return labels
+        return self._base[name]
+
+    def __contains__(self, name: object) -> bool:
+        if name in self._changes:
+            return self._changes[name] is not None
+        return name in self._base
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._labels)
+        changes = self._changes
+        yield from (name for name in self._base if name not in changes)
+        yield from (name for name, labels in changes.items() if labels is not None)
 
     def __len__(self) -> int:
-        return len(self._labels)
+        return self._size
 
-    def pool_sizes(self, label: str) -> collections.Counter[str | None]:
-        """GPU nodes per value of ``label`` (``None``: nodes without it), counted once per
-        snapshot; a snapshot lives until the fleet's labels change, not one per decision."""
+    def pool_sizes(self, label: str) -> _Pools:
+        """GPU nodes per value of ``label`` (``None``: nodes without it). The first time a
+        label is asked for, this snapshot counts its nodes and the fleet starts keeping the
+        count current, change by change; later snapshots copy it."""
         sizes = self._pools.get(label)
         if sizes is None:
-            sizes = collections.Counter(labels.get(label) for labels in self._labels.values())
+            sizes = _count((self[name] for name in self), label)
             self._pools[label] = sizes
+            if self._fleet is not None:
+                self._fleet.keep_counting(label)
         return sizes
 
 
@@ -269,36 +313,109 @@ class GpuFleet:
     """The GPU nodes and their labels, kept current by whoever watches them (the adapter's
     node watch: one list, then each change, never a list per decision). Written on the event
     loop, read from engine transactions on a worker thread: ``snapshot`` is the only read, a
-    consistent copy made once per change of labels."""
+    consistent view made once per change of labels.
+
+    Changes are kept beside a full copy of the fleet until they are an eighth of it (or
+    ``MAX_CHANGES``); then the next snapshot makes a new full copy (``copies`` counts them),
+    amortised over the changes. The pool sizes the guards asked for are kept counted change
+    by change. So a snapshot after one change costs the changes since the last copy, never a
+    walk over the fleet."""
+
+    MAX_CHANGES = 1024
 
     def __init__(self, labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
-        self._labels: dict[str, Mapping[str, str]] = dict(labels or {})
+        self._base: dict[str, Mapping[str, str]] = dict(labels or {})
+        self._changes: dict[str, Mapping[str, str] | None] = {}
+        self._size = len(self._base)
+        self._pools: dict[str, _Pools] = {}
         self._lock = threading.Lock()
         self._snapshot: FleetSnapshot | None = None
+        self.copies = 1
+
+    def _current(self, name: str) -> Mapping[str, str] | None:
+        if name in self._changes:
+            return self._changes[name]
+        return self._base.get(name)
+
+    def _nodes(self) -> Iterator[Mapping[str, str]]:
+        changes = self._changes
+        yield from (labels for name, labels in self._base.items() if name not in changes)
+        yield from (labels for labels in changes.values() if labels is not None)
 
     def replace(self, labels: Mapping[str, Mapping[str, str]]) -> None:
         """Everything, as a fresh list shows it."""
         with self._lock:
-            if labels != self._labels:
-                self._labels = dict(labels)
-                self._snapshot = None
+            if len(labels) == self._size and all(
+                self._current(name) == value for name, value in labels.items()
+            ):
+                return
+            self._base = dict(labels)
+            self._changes = {}
+            self._size = len(self._base)
+            self._pools = {label: _count(iter(self._base.values()), label) for label in self._pools}
+            self._snapshot = None
+            self.copies += 1
 
     def put(self, name: str, labels: Mapping[str, str]) -> None:
         with self._lock:
-            if self._labels.get(name) != labels:
-                self._labels[name] = labels
-                self._snapshot = None
+            before = self._current(name)
+            if before != labels:
+                self._change(name, before, labels)
 
     def remove(self, name: str) -> None:
         with self._lock:
-            if self._labels.pop(name, None) is not None:
-                self._snapshot = None
+            before = self._current(name)
+            if before is not None:
+                self._change(name, before, None)
+
+    def _change(
+        self, name: str, before: Mapping[str, str] | None, after: Mapping[str, str] | None
+    ) -> None:
+        self._size += (after is not None) - (before is not None)
+        for label, sizes in self._pools.items():
+            if before is not None:
+                _moved(sizes, before.get(label), -1)
+            if after is not None:
+                _moved(sizes, after.get(label), +1)
+        if after is None and name not in self._base:
+            self._changes.pop(name, None)  # added and gone since the copy: nothing to keep
+        elif after is not None and self._base.get(name) == after:
+            self._changes.pop(name, None)  # back as the copy has it
+        else:
+            self._changes[name] = after
+        self._snapshot = None
+
+    def keep_counting(self, label: str) -> None:
+        """Keep ``label``'s pool sizes counted from now on (one walk over the fleet, once).
+        The next snapshot copies the count; the current one has counted its own."""
+        with self._lock:
+            if label not in self._pools:
+                self._pools[label] = _count(self._nodes(), label)
 
     def snapshot(self) -> FleetSnapshot:
         with self._lock:
             if self._snapshot is None:
-                self._snapshot = FleetSnapshot(dict(self._labels))
+                if len(self._changes) > min(self.MAX_CHANGES, len(self._base) // 8):
+                    self._compact()
+                self._snapshot = FleetSnapshot(
+                    self._base,
+                    dict(self._changes),
+                    self._size,
+                    {label: sizes.copy() for label, sizes in self._pools.items()},
+                    self,
+                )
             return self._snapshot
+
+    def _compact(self) -> None:
+        base = dict(self._base)
+        for name, labels in self._changes.items():
+            if labels is None:
+                base.pop(name, None)
+            else:
+                base[name] = labels
+        self._base = base
+        self._changes = {}
+        self.copies += 1
 
 
 # ---- the port ---------------------------------------------------------------------------
