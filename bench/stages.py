@@ -239,6 +239,8 @@ def _burst_on(
                 backend,
                 f"{idle:.0f} / {after:.0f} MB",
                 "≤ 100 MB idle",
+                f"idle: read as soon as /readyz answers (the memory stage reads 8 s later); "
+                f"the {total:,}-node simulator as the cluster",
             )
         )
     return rows, got.per_second
