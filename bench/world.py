@@ -14,6 +14,7 @@ import secrets
 import shutil
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -149,10 +150,32 @@ def serve(
     env |= {"REMEDIATOR_LISTEN": f"127.0.0.1:{port}", **(extra_env or {})}
     argv = [sys.executable, "-m", "remediator", "serve"]
     log = workdir / f"serve-{worker}-{port}.log"
+    watches = node_watches(sim) if sim is not None else 0
     with procs.spawn(argv, log=log, env=env, cpu=cpu) as proc:
         url = f"http://127.0.0.1:{port}"
         procs.wait_http(f"{url}/readyz", proc, timeout=120)
+        if sim is not None:
+            _wait_watching(sim, watches, proc)
         yield Server(url=url, proc=proc)
+
+
+def node_watches(sim: Sim) -> int:
+    """Node watches the simulator has served (its request log)."""
+    request = urllib.request.Request(f"{sim.url}/sim/v1/requests", headers=sim.headers)
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return int(json.load(answer).get("watch nodes", 0))
+
+
+def _wait_watching(sim: Sim, before: int, proc: procs.Proc, timeout: float = 120.0) -> None:
+    """Until the new server watches the nodes: its engine lists the GPU fleet when it starts
+    (5,800 nodes: a second of its CPU) and then watches it. A measurement starting before
+    that would count a start-up's work as the alerts' (a running engine has done it long
+    before a storm)."""
+    deadline = time.monotonic() + timeout
+    while node_watches(sim) <= before:
+        if not proc.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the server never watched the nodes:\n{proc.tail()}")
+        time.sleep(0.1)
 
 
 def sqlite_url(workdir: pathlib.Path, name: str = "remediator") -> str:
