@@ -239,8 +239,8 @@ def _burst_on(
                 backend,
                 f"{idle:.0f} / {after:.0f} MB",
                 "≤ 100 MB idle",
-                f"idle: read as soon as /readyz answers (the memory stage reads 8 s later); "
-                f"the {total:,}-node simulator as the cluster",
+                f"idle: read once the server watches the nodes, the {total:,}-node "
+                "simulator's GPU nodes cached (the memory stage's cluster has 50)",
             )
         )
     return rows, got.per_second

@@ -12,6 +12,7 @@ import json
 import pathlib
 import secrets
 import shutil
+import ssl
 import sys
 import time
 import urllib.request
@@ -162,7 +163,8 @@ def serve(
 def node_watches(sim: Sim) -> int:
     """Node watches the simulator has served (its request log)."""
     request = urllib.request.Request(f"{sim.url}/sim/v1/requests", headers=sim.headers)
-    with urllib.request.urlopen(request, timeout=10) as answer:
+    context = ssl.create_default_context(cafile=str(sim.ca_file)) if sim.ca_file else None
+    with urllib.request.urlopen(request, timeout=10, context=context) as answer:
         return int(json.load(answer).get("watch nodes", 0))
 
 
