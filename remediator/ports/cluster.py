@@ -16,7 +16,7 @@ import datetime as dt
 import enum
 import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from remediator.domain import errors
@@ -241,8 +241,16 @@ class ObjectRef:
 _Pools = collections.Counter[str | None]
 
 
-def _count(labels: Iterator[Mapping[str, str]], label: str) -> _Pools:
-    return collections.Counter(node.get(label) for node in labels)
+def _merged(
+    base: dict[str, Mapping[str, str]], changes: dict[str, Mapping[str, str] | None]
+) -> Iterator[tuple[str, Mapping[str, str]]]:
+    """Every node and its labels: the full copy's, as the changes since have left them."""
+    yield from ((name, labels) for name, labels in base.items() if name not in changes)
+    yield from ((name, labels) for name, labels in changes.items() if labels is not None)
+
+
+def _count(nodes: Iterable[tuple[str, Mapping[str, str]]], label: str) -> _Pools:
+    return collections.Counter(labels.get(label) for _, labels in nodes)
 
 
 def _moved(sizes: _Pools, pool: str | None, by: int) -> None:
@@ -289,9 +297,7 @@ class FleetSnapshot(Mapping[str, Mapping[str, str]]):
         return name in self._base
 
     def __iter__(self) -> Iterator[str]:
-        changes = self._changes
-        yield from (name for name in self._base if name not in changes)
-        yield from (name for name, labels in changes.items() if labels is not None)
+        return (name for name, _ in _merged(self._base, self._changes))
 
     def __len__(self) -> int:
         return self._size
@@ -302,7 +308,7 @@ class FleetSnapshot(Mapping[str, Mapping[str, str]]):
         count current, change by change; later snapshots copy it."""
         sizes = self._pools.get(label)
         if sizes is None:
-            sizes = _count((self[name] for name in self), label)
+            sizes = _count(_merged(self._base, self._changes), label)
             self._pools[label] = sizes
             if self._fleet is not None:
                 self._fleet.keep_counting(label)
@@ -316,8 +322,8 @@ class GpuFleet:
     consistent view made once per change of labels.
 
     Changes are kept beside a full copy of the fleet until they are an eighth of it (or
-    ``MAX_CHANGES``); then the next snapshot makes a new full copy (``copies`` counts them),
-    amortised over the changes. The pool sizes the guards asked for are kept counted change
+    ``MAX_CHANGES``); then the next snapshot makes a new full copy, amortised over the
+    changes. The pool sizes the guards asked for are kept counted change
     by change. So a snapshot after one change costs the changes since the last copy, never a
     walk over the fleet."""
 
@@ -330,17 +336,11 @@ class GpuFleet:
         self._pools: dict[str, _Pools] = {}
         self._lock = threading.Lock()
         self._snapshot: FleetSnapshot | None = None
-        self.copies = 1
 
     def _current(self, name: str) -> Mapping[str, str] | None:
         if name in self._changes:
             return self._changes[name]
         return self._base.get(name)
-
-    def _nodes(self) -> Iterator[Mapping[str, str]]:
-        changes = self._changes
-        yield from (labels for name, labels in self._base.items() if name not in changes)
-        yield from (labels for labels in changes.values() if labels is not None)
 
     def replace(self, labels: Mapping[str, Mapping[str, str]]) -> None:
         """Everything, as a fresh list shows it."""
@@ -352,9 +352,8 @@ class GpuFleet:
             self._base = dict(labels)
             self._changes = {}
             self._size = len(self._base)
-            self._pools = {label: _count(iter(self._base.values()), label) for label in self._pools}
+            self._pools = {label: _count(self._base.items(), label) for label in self._pools}
             self._snapshot = None
-            self.copies += 1
 
     def put(self, name: str, labels: Mapping[str, str]) -> None:
         with self._lock:
@@ -390,7 +389,7 @@ class GpuFleet:
         The next snapshot copies the count; the current one has counted its own."""
         with self._lock:
             if label not in self._pools:
-                self._pools[label] = _count(self._nodes(), label)
+                self._pools[label] = _count(_merged(self._base, self._changes), label)
 
     def snapshot(self) -> FleetSnapshot:
         with self._lock:
@@ -407,15 +406,8 @@ class GpuFleet:
             return self._snapshot
 
     def _compact(self) -> None:
-        base = dict(self._base)
-        for name, labels in self._changes.items():
-            if labels is None:
-                base.pop(name, None)
-            else:
-                base[name] = labels
-        self._base = base
+        self._base = dict(_merged(self._base, self._changes))
         self._changes = {}
-        self.copies += 1
 
 
 # ---- the port ---------------------------------------------------------------------------

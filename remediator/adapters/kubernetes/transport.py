@@ -204,8 +204,6 @@ class Retrier:
 def _fail(e: Exception, what: str) -> NoReturn:
     """Raise what a call that failed with ``e`` raises: a library error translated (chained),
     anything else (a ``ClusterError`` already, a bug) as it is."""
-    if isinstance(e, ApiException | aiohttp.ClientError | ConnectionError | TimeoutError) and (
-        not isinstance(e, port.ClusterError)
-    ):
+    if isinstance(e, ApiException | aiohttp.ClientError | ConnectionError | TimeoutError):
         raise translate(e, what) from e
     raise e
