@@ -43,6 +43,11 @@ _PDB_CAUSE = re.compile(r"disruption budget (?P<name>[a-z0-9][-a-z0-9.]*)", re.I
 
 #: Items per page of a list (kubectl's ``--chunk-size`` default).
 PAGE = 500
+#: Nodes per page of the GPU node informer's list. A page is parsed whole before its nodes are
+#: made records, and what a record does not keep (status, images, conditions) is freed among
+#: what it keeps: with 500-node pages a 5,000-node fleet left the server 19 MB larger, with
+#: 100-node pages 11 MB (the API server answers 50 requests instead of 10, once).
+NODE_PAGE = 100
 
 
 class KubeCluster:
@@ -51,6 +56,7 @@ class KubeCluster:
         self._configuration = configuration
         self._api = library.api_client(configuration)
         self.page_size = PAGE
+        self.node_page_size = NODE_PAGE
         self._ws: WsApiClient | None = None
         self._retrier = transport.Retrier(
             max_seconds=settings.retry_max_seconds, attempts=settings.retry_attempts
@@ -104,7 +110,11 @@ class KubeCluster:
             self._informer = informer.NodeInformer(
                 selector=selector,
                 lister=lambda: self._list(
-                    "list GPU nodes", NODES, convert.node, label_selector=selector
+                    "list GPU nodes",
+                    NODES,
+                    convert.node,
+                    label_selector=selector,
+                    limit=self.node_page_size,
                 ),
                 watcher=lambda version: self._watch(NODES, version, label_selector=selector),
             )
