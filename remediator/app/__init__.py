@@ -298,7 +298,10 @@ def create_app(
     cluster: cluster.Cluster | None = None,
     notifier: Any = None,
     run_engine: bool = True,
+    migrate_apart: bool = False,
 ) -> web.Application:
+    """The server. ``migrate_apart``: a start-up migration runs in a child process, so the
+    server never holds Alembic (``remediator serve``; tests migrate in-process, faster)."""
     components = Components(
         settings,
         clock=clock,
@@ -348,7 +351,7 @@ def create_app(
     components.add_singleton("approval-expiry", lambda: expire_approvals_forever(components))
     components.add_singleton("reconciler", lambda: reconcile_forever(components))
     components.add_singleton("sessions", lambda: sweep_sessions_forever(components))
-    app.cleanup_ctx.append(_lifecycle(run_engine=run_engine))
+    app.cleanup_ctx.append(_lifecycle(run_engine=run_engine, migrate_apart=migrate_apart))
     return app
 
 
@@ -379,11 +382,16 @@ def _web_identity(
         )
 
 
-def _lifecycle(*, run_engine: bool) -> Callable[[web.Application], AsyncIterator[None]]:
+def _lifecycle(
+    *, run_engine: bool, migrate_apart: bool
+) -> Callable[[web.Application], AsyncIterator[None]]:
     async def lifecycle_ctx(app: web.Application) -> AsyncIterator[None]:
         components = app[COMPONENTS]
         if components.settings.should_migrate:
-            await migrate.upgrade(components.db)
+            if migrate_apart:
+                await migrate.upgrade_apart(components.db)
+            else:
+                await migrate.upgrade(components.db)
         if components.cluster is None and components.settings.kubernetes is not None:
             components.cluster = await kubernetes.connect(components.settings.kubernetes)
             components.services.cluster = components.cluster

@@ -39,7 +39,7 @@ def _serve(args: argparse.Namespace) -> int:
     logs.configure(settings.log_level, settings.log_format)
     app_mod.check_exposure(settings)
     try:
-        app = app_mod.create_app(settings)
+        app = app_mod.create_app(settings, migrate_apart=True)
     except files.RulesInvalid as e:
         print(f"playbooks are invalid:\n{e}", file=sys.stderr)
         return 2
