@@ -158,11 +158,13 @@ def reaction(plan: Plan) -> list[Row]:
         workdir = plan.dir(f"reaction-{backend}")
         with world.simulator(workdir, nodes=total) as sim:
             rows += _reaction_on(plan, backend, sim, counts, total)
-            burst_rows, one = _burst_on(plan, backend, sim, first=sum(counts) + 1, total=total)
+            burst_rows, one, one_cpu = _burst_on(
+                plan, backend, sim, first=sum(counts) + 1, total=total
+            )
             rows += burst_rows
             if replicas:
                 first = sum(counts) + plan.burst + 1
-                rows += _replicas_on(plan, sim, one, first=first, total=total)
+                rows += _replicas_on(plan, sim, one, one_cpu, first=first, total=total)
     return rows + _skipped_postgres(plan, "reaction, burst, replicas")
 
 
@@ -206,7 +208,8 @@ def _reaction_on(
 
 def _burst_on(
     plan: Plan, backend: str, sim: world.Sim, *, first: int, total: int
-) -> tuple[list[Row], float]:
+) -> tuple[list[Row], float, float]:
+    """The burst's rows, its cordons/s and the CPU it cost an alert (ms, every process)."""
     workdir = plan.dir(f"burst-{backend}")
     nodes = _names(plan.burst, total, first)
     with (
@@ -243,11 +246,17 @@ def _burst_on(
                 "simulator's GPU nodes cached (the memory stage's cluster has 50)",
             )
         )
-    return rows, got.per_second
+    return rows, got.per_second, cpu.per_alert_ms(got.alerts)
 
 
 def _replicas_on(
-    plan: Plan, sim: world.Sim, one_replica: float, *, first: int, total: int
+    plan: Plan,
+    sim: world.Sim,
+    one_replica: float,
+    one_replica_cpu: float,
+    *,
+    first: int,
+    total: int,
 ) -> list[Row]:
     workdir = plan.dir("replicas")
     nodes = _names(plan.burst, total, first)
@@ -267,7 +276,9 @@ def _replicas_on(
             "≥ 1.6x one replica, 0 duplicates",
             f"{got.cordoned}/{got.alerts} cordoned; effects applied twice (simulator's "
             f"mutation log, whole run): {_duplicates(sim)}; replicas unpinned; "
-            f"{cpu.against(got.seconds)}",
+            f"{cpu.against(got.seconds)}; CPU an alert, all processes, "
+            f"{cpu.per_alert_ms(got.alerts):.1f} ms against {one_replica_cpu:.1f} ms with one "
+            "replica (what two replicas cost over one, whatever the cores)",
         )
     ]
 
@@ -279,6 +290,10 @@ class _Used:
     servers: float
     sim: float
     postgres: float
+
+    def per_alert_ms(self, alerts: int) -> float:
+        """Milliseconds of CPU an alert, the servers, the simulator and Postgres together."""
+        return 1000 * (self.servers + self.sim + self.postgres) / max(alerts, 1)
 
     def against(self, seconds: float) -> str:
         """Set against what the machine's cores could give in ``seconds`` (when that is

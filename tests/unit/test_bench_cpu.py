@@ -28,3 +28,11 @@ def test_the_cpu_of_processes_of_a_name_counts_this_one() -> None:
 
 def test_no_process_of_a_name_is_no_cpu() -> None:
     assert procs.named_cpu_seconds("no-such-process-name") == 0
+
+
+def test_the_cpu_an_alert_adds_up_every_process() -> None:
+    from bench import stages
+
+    used = stages._Used(servers=4.6, sim=1.8, postgres=1.7)
+    assert round(used.per_alert_ms(1000), 6) == 8.1
+    assert used.per_alert_ms(0) == 8100.0  # no alert: never a division by zero
