@@ -177,3 +177,25 @@ def test_what_goes_wrong_around_real_processes_is_one_line_and_an_exit_status():
     for what, process in piped.items():
         _, err = process.communicate(timeout=60)
         assert (process.returncode, err) == (0, ""), what
+
+
+def test_serve_migrates_a_new_database_in_a_child_process_once(tmp_path):
+    from remediator.adapters.db import migrate
+    from tests.e2e.procs import Serve
+
+    env = {
+        "REMEDIATOR_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'r.db'}",
+        "REMEDIATOR_RULES": str(ROOT / "rules"),
+        "REMEDIATOR_ARTIFACT_DIR": str(tmp_path / "artifacts"),
+        "REMEDIATOR_LOG_LEVEL": "INFO",
+        "REMEDIATOR_SHUTDOWN_GRACE": "0.5",
+    }
+    migrated = f"database migrated to revision {migrate.head_revision()}"
+    for start, expected in enumerate((1, 0)):  # the restart finds the schema current
+        log = tmp_path / f"serve-{start}.log"
+        server = Serve(env=env, log=log).start()
+        try:
+            assert server.terminate() == 0
+        finally:
+            server.kill()
+        assert log.read_text().count(migrated) == expected, log.read_text()
