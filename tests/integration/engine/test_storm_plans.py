@@ -64,7 +64,7 @@ def _step(n: int, status: runs.StepStatus, due: dt.datetime | None) -> dict[str,
     }
 
 
-async def test_claiming_due_steps_in_a_storm_reads_each_due_step_once(pg_url: str) -> None:
+async def test_a_storm_s_probe_and_claim_read_in_proportion_to_its_due_steps(pg_url: str) -> None:
     db = database.Database(pg_url)
     await migrate.upgrade(db)
     try:
