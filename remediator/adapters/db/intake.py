@@ -17,8 +17,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import itertools
 import logging
+import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import sqlalchemy as sa
@@ -28,6 +31,7 @@ from remediator.adapters.db import database, tables
 from remediator.domain import alerts, audit, errors
 
 logger = logging.getLogger("remediator.intake")
+_CHUNK = 200  # fingerprints a query: far below any backend's limit of bound parameters
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -52,6 +56,74 @@ class Stored:
 _Key = tuple[str, dt.datetime]
 
 
+class KnownFiring:
+    """Episode keys this process knows are stored as firing, and since when.
+
+    A firing repeat of a stored episode changes nothing (the upsert changes an episode only
+    from firing to resolved), and repeats are most of what Alertmanager sends. So the writer
+    leaves a firing repeat of a known key out of its upsert: serializing its labels and
+    probing the unique index for nothing was a third of the webhook's writing.
+
+    Why a known key may be trusted for ``ttl`` seconds: a stored episode leaves the table only
+    through retention, which deletes episodes resolved more than ``alert_retention_days`` (at
+    least one day) ago. An episode known firing at time t was not resolved at t, so it is
+    there at least until t plus a day, whatever another replica does to it meanwhile (it may
+    resolve it: a firing repeat changes nothing then either). A key learned again after its
+    ``ttl`` starts a new ``ttl``. ``limit`` bounds the memory; the oldest keys go first.
+    """
+
+    def __init__(
+        self,
+        *,
+        ttl: float = 3600.0,
+        limit: int = 16384,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl = ttl
+        self.limit = limit
+        self.monotonic = monotonic
+        self._since: dict[_Key, float] = {}
+
+    def repeats(self, batch: list[Delivery]) -> set[_Key]:
+        """The keys of the batch's firing alerts known to be stored as firing."""
+        if not self._since:
+            return set()
+        fresh = self.monotonic() - self.ttl
+        since = self._since
+        found: set[_Key] = set()
+        for delivery in batch:
+            for alert in delivery.payload.alerts:
+                if alert.status is alerts.AlertStatus.FIRING:
+                    key = (alert.fingerprint, alert.starts_at)
+                    learned = since.get(key)
+                    if learned is not None and learned > fresh:
+                        found.add(key)
+        return found
+
+    def learn(self, firing: list[_Key], resolved: list[_Key]) -> None:
+        """After a commit: ``firing`` keys are stored firing now, ``resolved`` ones resolved."""
+        since = self._since
+        for key in resolved:
+            since.pop(key, None)
+        now = self.monotonic()
+        for key in firing:
+            since.pop(key, None)  # to the end: the oldest keys stay first
+            since[key] = now
+        if len(since) > self.limit:
+            for key in list(itertools.islice(since, len(since) - self.limit * 3 // 4)):
+                del since[key]
+
+    def __len__(self) -> int:
+        return len(self._since)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Written:
+    stored: list[Stored]
+    firing: list[_Key]  # keys now stored firing (new, or confirmed so)
+    resolved: list[_Key]  # keys resolved by this batch
+
+
 class IntakeWriter:
     def __init__(
         self,
@@ -73,7 +145,11 @@ class IntakeWriter:
         self._insert_deliveries = sa.insert(tables.deliveries).returning(
             tables.deliveries.c.id, sort_by_parameter_order=True
         )
+        # SQLite: the batch's ids are chosen in its write transaction (below).
+        self._insert_numbered = sa.insert(tables.deliveries)
+        self._last_id = sa.select(sa.func.max(tables.deliveries.c.id))  # alone: one index step
         self._upsert_episodes = self._upsert()
+        self.known = KnownFiring()
 
     async def store(self, delivery: Delivery) -> Stored:
         """Enqueue and wait until committed. Raises ``StoreUnavailable`` if it could not be."""
@@ -111,11 +187,16 @@ class IntakeWriter:
 
     async def _commit(self, batch: list[Delivery]) -> list[Stored]:
         now = self.clock()
-        return await self.db.write_sync(
-            "intake", lambda conn: self._write(conn, batch, now), urgent=True
+        repeats = self.known.repeats(batch)
+        written = await self.db.write_sync(
+            "intake", lambda conn: self._write(conn, batch, now, repeats), urgent=True
         )
+        self.known.learn(written.firing, written.resolved)  # committed
+        return written.stored
 
-    def _write(self, conn: sa.Connection, batch: list[Delivery], now: dt.datetime) -> list[Stored]:
+    def _write(
+        self, conn: sa.Connection, batch: list[Delivery], now: dt.datetime, repeats: set[_Key]
+    ) -> _Written:
         delivery_rows = [
             {
                 "received_at": now,
@@ -132,14 +213,27 @@ class IntakeWriter:
         if self.keys is not None:
             for row in delivery_rows:
                 row["mac"] = audit.mac(self.keys, audit.delivery_text(row))
-        inserted = conn.execute(self._insert_deliveries, delivery_rows)
-        ids = [row.id for row in inserted]
-        episodes, first_delivery = _merge_episodes(batch, ids, now)
+        ids = self._insert(conn, delivery_rows)
+        episodes, first_delivery = _merge_episodes(batch, ids, now, repeats)
         changed_keys: set[_Key] = set()
+        firing: list[_Key] = []
+        resolved: list[_Key] = []
         if episodes:
-            result = conn.execute(self._upsert_episodes, episodes)
-            changed_keys = {(row.fingerprint, row.starts_at) for row in result}
-        return [
+            for changed in conn.execute(self._upsert_episodes, episodes):
+                key = (changed.fingerprint, changed.starts_at)
+                changed_keys.add(key)
+                now_firing = changed.status == alerts.AlertStatus.FIRING.value
+                (firing if now_firing else resolved).append(key)
+            # Firing alerts of episodes stored before: which of them are stored firing?
+            unchanged = [
+                (e["fingerprint"], e["starts_at"])
+                for e in episodes
+                if e["status"] == alerts.AlertStatus.FIRING.value
+            ]
+            unchanged = [key for key in unchanged if key not in changed_keys]
+            if unchanged:
+                firing += self._stored_firing(conn, unchanged)
+        stored = [
             Stored(
                 delivery_id=delivery_id,
                 alerts=len(d.payload.alerts),
@@ -147,6 +241,42 @@ class IntakeWriter:
             )
             for d, delivery_id in zip(batch, ids, strict=True)
         ]
+        return _Written(stored=stored, firing=firing, resolved=resolved)
+
+    def _stored_firing(self, conn: sa.Connection, keys: list[_Key]) -> list[_Key]:
+        """Those of ``keys`` whose episode is stored firing (read by fingerprint: the prefix of
+        the unique index)."""
+        wanted = set(keys)
+        E = tables.alert_episodes
+        found: list[_Key] = []
+        fingerprints = sorted({fingerprint for fingerprint, _ in wanted})
+        for start in range(0, len(fingerprints), _CHUNK):
+            query = sa.select(E.c.fingerprint, E.c.starts_at).where(
+                E.c.fingerprint.in_(fingerprints[start : start + _CHUNK]),
+                E.c.status == alerts.AlertStatus.FIRING.value,
+            )
+            found += [(row[0], row[1]) for row in conn.execute(query) if (row[0], row[1]) in wanted]
+        return found
+
+    def _insert(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
+        """Insert the delivery rows; their ids, in order.
+
+        SQLite cannot tie the ids of one multi-row INSERT to its rows, so SQLAlchemy's ordered
+        RETURNING falls back to one INSERT a delivery there: a statement and its parameter
+        processing for each delivery, the largest cost of the webhook. This transaction holds
+        SQLite's only write lock (``BEGIN IMMEDIATE``), so the ids after the largest one are
+        free until it commits: they are numbered here and the rows go in as one executemany.
+        The numbers are the ones SQLite gives itself (the largest rowid plus one; ``deliveries``
+        has no AUTOINCREMENT). Postgres takes ordered RETURNING in one statement as it is.
+        """
+        if not self.db.is_sqlite:
+            return [row.id for row in conn.execute(self._insert_deliveries, rows)]
+        first = (conn.execute(self._last_id).scalar_one() or 0) + 1
+        ids = list(range(first, first + len(rows)))
+        for row, delivery_id in zip(rows, ids, strict=True):
+            row["id"] = delivery_id
+        conn.execute(self._insert_numbered, rows)
+        return ids
 
     def _upsert(self) -> Any:
         table = tables.alert_episodes
@@ -165,7 +295,7 @@ class IntakeWriter:
                 table.c.status == alerts.AlertStatus.FIRING.value,
                 excluded.status == alerts.AlertStatus.RESOLVED.value,
             ),
-        ).returning(table.c.fingerprint, table.c.starts_at)
+        ).returning(table.c.fingerprint, table.c.starts_at, table.c.status)
 
 
 def _refused_data(error: BaseException | None) -> str | None:
@@ -195,15 +325,21 @@ def _translate(error: Exception) -> errors.RemediatorError:
 
 
 def _merge_episodes(
-    batch: list[Delivery], ids: list[int], now: dt.datetime
+    batch: list[Delivery],
+    ids: list[int],
+    now: dt.datetime,
+    repeats: AbstractSet[_Key] = frozenset(),
 ) -> tuple[list[dict[str, Any]], dict[_Key, int]]:
-    """One row per episode key in the batch (a resolved status wins: resolution is final)."""
+    """One row per episode key in the batch (a resolved status wins: resolution is final);
+    none for a firing alert whose key is in ``repeats`` (stored firing: nothing to change)."""
     rows: dict[_Key, dict[str, Any]] = {}
     first_delivery: dict[_Key, int] = {}
     for delivery, delivery_id in zip(batch, ids, strict=True):
         for alert in delivery.payload.alerts:
             key = (alert.fingerprint, alert.starts_at)
             resolved = alert.status is alerts.AlertStatus.RESOLVED
+            if not resolved and key in repeats:
+                continue
             current = rows.get(key)
             if current is not None and (current["status"] == "resolved" or not resolved):
                 continue

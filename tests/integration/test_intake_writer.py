@@ -1,0 +1,248 @@
+"""The webhook's group-commit writer: how many statements a batch costs, and what it skips.
+
+Counted at the driver (``before_cursor_execute``), on both backends: the count is the design
+(one statement for a batch's deliveries; none for a firing repeat of a stored episode), not a
+timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import datetime as dt
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from remediator.adapters.db import database, intake, migrate, retention, tables
+from remediator.domain import alerts
+from tests.conftest import am_payload
+
+FIRING = "GPUTemperatureHigh-firing-2alerts"
+
+
+@contextlib.contextmanager
+def statements() -> Iterator[list[tuple[str, int]]]:
+    """Every statement sent to a driver meanwhile, as (SQL, parameter sets)."""
+    seen: list[tuple[str, int]] = []
+
+    def record(_conn: Any, _cursor: Any, sql: str, params: Any, _ctx: Any, many: bool) -> None:
+        seen.append((" ".join(sql.split()), len(params) if many else 1))
+
+    sa.event.listen(sa.Engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(sa.Engine, "before_cursor_execute", record)
+
+
+def touching(seen: list[tuple[str, int]], table: str) -> list[tuple[str, int]]:
+    return [s for s in seen if f" {table} " in f" {s[0]} " and "alembic" not in s[0]]
+
+
+def delivery(payload: dict[str, Any], *, tag: str = "") -> intake.Delivery:
+    payload = copy.deepcopy(payload)
+    payload["receiver"] = f"webhook{tag}"
+    body = json.dumps(payload)
+    return intake.Delivery(
+        payload=alerts.parse_payload(body.encode()), body=body, principal=None, remote=None
+    )
+
+
+def new_episode(payload: dict[str, Any], n: int) -> dict[str, Any]:
+    payload = copy.deepcopy(payload)
+    for i, alert in enumerate(payload["alerts"]):
+        alert["fingerprint"] = f"{n:015x}{i}"
+        alert["startsAt"] = f"2026-11-30T10:{n // 60 % 60:02d}:{n % 60:02d}Z"
+    return payload
+
+
+def resolved(payload: dict[str, Any]) -> dict[str, Any]:
+    payload = copy.deepcopy(payload)
+    payload["status"] = "resolved"
+    for alert in payload["alerts"]:
+        alert["status"] = "resolved"
+        alert["endsAt"] = "2026-11-30T11:00:00Z"
+    return payload
+
+
+class Writer:
+    def __init__(self, db: database.Database, clock: Any) -> None:
+        self.db = db
+        self.writer = intake.IntakeWriter(db, clock=clock)
+        self.task = asyncio.create_task(self.writer.run())
+
+    async def store_together(self, deliveries: list[intake.Delivery]) -> list[intake.Stored]:
+        """Queued before the writer looks: one batch."""
+        return list(await asyncio.gather(*(self.writer.store(d) for d in deliveries)))
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[database.Database]:
+    made = database.Database(database_url)
+    await migrate.upgrade(made)
+    try:
+        yield made
+    finally:
+        await made.dispose()
+
+
+@contextlib.asynccontextmanager
+async def writer(db: database.Database, clock: Any) -> AsyncIterator[Writer]:
+    made = Writer(db, clock)
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+async def bodies_by_id(db: database.Database) -> dict[int, str]:
+    query = sa.select(tables.deliveries.c.id, tables.deliveries.c.body)
+    async with db.read() as conn:
+        return {row.id: row.body for row in await conn.execute(query)}
+
+
+async def test_a_batch_of_deliveries_is_one_insert_and_each_answer_names_its_own_row(db, clock):
+    payload = am_payload(FIRING)
+    batch = [delivery(payload, tag=str(n)) for n in range(40)]
+    async with writer(db, clock) as w:
+        await w.store_together(batch[:3])  # rows before: ids go on after them
+        with statements() as seen:
+            stored = await w.store_together(batch[3:])
+    inserts = [s for s in touching(seen, "deliveries") if s[0].startswith("INSERT")]
+    assert len(inserts) == 1  # the old writer sent one INSERT a delivery on SQLite
+    rows = await bodies_by_id(db)
+    assert len(rows) == 40
+    assert len({s.delivery_id for s in stored}) == 37
+    for d, answer in zip(batch[3:], stored, strict=True):
+        assert rows[answer.delivery_id] == d.body
+
+
+async def test_firing_repeats_of_a_stored_episode_send_nothing_to_its_table(db, clock):
+    payload = am_payload(FIRING)
+    async with writer(db, clock) as w:
+        first = await w.store_together([delivery(payload)])
+        with statements() as seen:
+            repeats = [await w.store_together([delivery(payload, tag=str(n))]) for n in range(5)]
+    assert first[0].changed == 2
+    assert [r[0].changed for r in repeats] == [0] * 5
+    assert touching(seen, "alert_episodes") == []  # the old writer upserted both, five times
+    assert len([s for s in touching(seen, "deliveries") if s[0].startswith("INSERT")]) == 5
+
+
+async def test_a_restarted_writer_learns_stored_firing_episodes_once(db, clock):
+    payload = am_payload(FIRING)
+    async with writer(db, clock) as w:
+        await w.store_together([delivery(payload)])
+    async with writer(db, clock) as w:  # a new process: it knows no episode
+        with statements() as seen:
+            await w.store_together([delivery(payload, tag="a")])
+        learned = touching(seen, "alert_episodes")
+        with statements() as seen:
+            again = await w.store_together([delivery(payload, tag="b")])
+    assert [sql.split()[0] for sql, _ in learned] == ["INSERT", "SELECT"]
+    assert touching(seen, "alert_episodes") == []
+    assert again[0].changed == 0
+
+
+async def test_resolution_after_known_repeats_is_stored_and_forgets_the_episode(db, clock):
+    payload = am_payload(FIRING)
+    async with writer(db, clock) as w:
+        await w.store_together([delivery(payload), delivery(payload, tag="repeat")])
+        done = await w.store_together([delivery(resolved(payload))])
+        assert done[0].changed == 2
+        assert len(w.writer.known) == 0
+        late = await w.store_together([delivery(payload, tag="late")])  # a late firing repeat
+    assert late[0].changed == 0
+    E = tables.alert_episodes
+    async with db.read() as conn:
+        statuses = (await conn.execute(sa.select(E.c.status))).scalars().all()
+    assert statuses == ["resolved", "resolved"]
+
+
+async def test_an_episode_retention_deleted_is_stored_again_by_a_firing_repeat(db, clock):
+    """What the writer did before it knew episodes: a resolved episode leaves what it knows,
+    so once retention has deleted it, a firing repeat stores it anew."""
+    payload = am_payload(FIRING)
+    E = tables.alert_episodes
+    async with writer(db, clock) as w:
+        await w.store_together([delivery(payload)])
+        await w.store_together([delivery(resolved(payload))])
+        async with db.write() as conn:
+            await conn.execute(sa.update(E).values(handled_status="resolved"))
+        clock.advance(2 * 86400)
+        pruned = await retention.prune_alert_episodes(
+            db, ended_before=clock() - dt.timedelta(days=1)
+        )
+        assert pruned.deleted == 2
+        again = await w.store_together([delivery(payload, tag="again")])
+    assert again[0].changed == 2
+
+
+async def test_a_batch_of_new_episodes_is_learned_from_its_own_upsert(db, clock):
+    payload = am_payload(FIRING)
+    batch = [delivery(new_episode(payload, n)) for n in range(30)]
+    async with writer(db, clock) as w:
+        stored = await w.store_together(batch)
+        assert [s.changed for s in stored] == [2] * 30
+        with statements() as seen:
+            await w.store_together([delivery(new_episode(payload, n), tag="r") for n in range(30)])
+    assert len(w.writer.known) == 60
+    assert touching(seen, "alert_episodes") == []
+
+
+class Ticks:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _keys(payload: dict[str, Any]) -> list[tuple[str, dt.datetime]]:
+    parsed = alerts.parse_payload(json.dumps(payload).encode())
+    return [(a.fingerprint, a.starts_at) for a in parsed.alerts]
+
+
+def test_a_known_key_is_trusted_for_its_ttl_only():
+    ticks = Ticks()
+    known = intake.KnownFiring(ttl=60, monotonic=ticks)
+    payload = am_payload(FIRING)
+    known.learn(_keys(payload), [])
+    assert known.repeats([delivery(payload)]) == set(_keys(payload))
+    assert known.repeats([delivery(resolved(payload))]) == set()  # a resolution is written
+    ticks.now += 61
+    assert known.repeats([delivery(payload)]) == set()
+
+
+def test_known_keys_are_bounded_and_the_oldest_go_first():
+    ticks = Ticks()
+    known = intake.KnownFiring(limit=100, monotonic=ticks)
+    payload = am_payload(FIRING)
+    keys = [k for n in range(101) for k in _keys(new_episode(payload, n))[:1]]
+    known.learn(keys[:1], [])
+    known.learn(keys[1:100], [])
+    known.learn(keys[:1], [])  # learned again: now the newest
+    known.learn(keys[100:], [])
+    assert len(known) == 75
+    assert known.repeats([delivery(new_episode(payload, 0))])  # kept: learned last but one
+    assert not known.repeats([delivery(new_episode(payload, 1))])  # among the oldest: gone
+
+
+def test_the_ttl_is_shorter_than_the_shortest_retention():
+    """A key known firing may be trusted while its episode cannot have been deleted:
+    retention deletes only episodes resolved ``alert_retention_days`` (a whole day at least)
+    ago."""
+    from remediator.app import settings
+
+    field = settings.Settings.model_fields["alert_retention_days"]
+    assert field.annotation is int  # whole days: 0 (never delete) or at least one
+    assert intake.KnownFiring().ttl < 86400
