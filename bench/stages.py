@@ -268,6 +268,8 @@ def _replicas_on(
         used = _Cpu(sim, [one.proc, two.proc])
         got = asyncio.run(reaction_mod.burst([one.url, two.url], sim, nodes=nodes, first_seq=first))
         cpu = used.since()
+    cores = procs.cpus()
+    most = cpu.most_per_second(got.alerts, cores)
     return [
         Row(
             "two replicas, cordon runs/s (same burst)",
@@ -278,7 +280,9 @@ def _replicas_on(
             f"mutation log, whole run): {_duplicates(sim)}; replicas unpinned; "
             f"{cpu.against(got.seconds)}; CPU an alert, all processes, "
             f"{cpu.per_alert_ms(got.alerts):.1f} ms against {one_replica_cpu:.1f} ms with one "
-            "replica (what two replicas cost over one, whatever the cores)",
+            "replica (what two replicas cost over one, whatever the cores); at that CPU an "
+            f"alert the {cores} cores carry at most {most:,.0f} alerts/s "
+            f"({table.ratio(most, one_replica)}x one replica)",
         )
     ]
 
@@ -294,6 +298,11 @@ class _Used:
     def per_alert_ms(self, alerts: int) -> float:
         """Milliseconds of CPU an alert, the servers, the simulator and Postgres together."""
         return 1000 * (self.servers + self.sim + self.postgres) / max(alerts, 1)
+
+    def most_per_second(self, alerts: int, cores: int) -> float:
+        """Alerts/s ``cores`` could carry at this CPU an alert, every core busy: what no
+        number of replicas can pass on this machine."""
+        return cores * 1000 / self.per_alert_ms(alerts)
 
     def against(self, seconds: float) -> str:
         """Set against what the machine's cores could give in ``seconds`` (when that is

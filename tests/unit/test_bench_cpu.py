@@ -36,3 +36,11 @@ def test_the_cpu_an_alert_adds_up_every_process() -> None:
     used = stages._Used(servers=4.6, sim=1.8, postgres=1.7)
     assert round(used.per_alert_ms(1000), 6) == 8.1
     assert used.per_alert_ms(0) == 8100.0  # no alert: never a division by zero
+
+
+def test_the_most_the_cores_carry_is_their_time_over_the_cpu_an_alert() -> None:
+    from bench import stages
+
+    used = stages._Used(servers=5.2, sim=1.8, postgres=1.8)  # 8.8 ms an alert
+    assert round(used.most_per_second(1000, cores=2), 1) == 227.3
+    assert round(used.most_per_second(1000, cores=4), 1) == 454.5
