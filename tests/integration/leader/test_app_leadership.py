@@ -13,6 +13,11 @@ from remediator.app import settings as settings_mod
 from remediator.sim import testing
 from tests.conftest import am_fixture
 
+# Long enough that each step of the election (an attempt, the release on a graceful stop:
+# a third of the lease each) has room on a loaded machine, and that a takeover after a
+# release (within one renew interval) is told from one after the lease expired.
+LEASE = 6.0
+
 
 def _settings(tmp_path, url, name, **extra):
     rules = tmp_path / "rules"
@@ -21,7 +26,7 @@ def _settings(tmp_path, url, name, **extra):
         database_url=url,
         rules=rules,
         migrate_on_start=True,
-        leader_lease_seconds=2.0,
+        leader_lease_seconds=LEASE,
         worker_id=name,
         **extra,
     )
@@ -74,7 +79,7 @@ async def test_two_apps_on_postgres_elect_one_leader_and_both_take_alerts(
     assert "remediator_leader 0.0" in metrics[1 - leader_index]
 
     await clients[leader_index].close()  # graceful stop releases the lease
-    await _wait(follower.is_leader, 2.0)
+    await _wait(follower.is_leader, LEASE * 2 / 3)  # expiry would take the whole lease
 
 
 def test_auto_picks_the_database_on_postgres_and_nobody_on_sqlite(tmp_path):
