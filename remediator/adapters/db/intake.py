@@ -21,7 +21,6 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from collections.abc import Set as AbstractSet
 from typing import Any
 
 import sqlalchemy as sa
@@ -226,11 +225,11 @@ class IntakeWriter:
                 (firing if now_firing else resolved).append(key)
             # Firing alerts of episodes stored before: which of them are stored firing?
             unchanged = [
-                (e["fingerprint"], e["starts_at"])
+                key
                 for e in episodes
                 if e["status"] == alerts.AlertStatus.FIRING.value
+                and (key := (e["fingerprint"], e["starts_at"])) not in changed_keys
             ]
-            unchanged = [key for key in unchanged if key not in changed_keys]
             if unchanged:
                 firing += self._stored_firing(conn, unchanged)
         stored = [
@@ -255,7 +254,8 @@ class IntakeWriter:
                 E.c.fingerprint.in_(fingerprints[start : start + _CHUNK]),
                 E.c.status == alerts.AlertStatus.FIRING.value,
             )
-            found += [(row[0], row[1]) for row in conn.execute(query) if (row[0], row[1]) in wanted]
+            rows = conn.execute(query)
+            found += [key for row in rows if (key := (row.fingerprint, row.starts_at)) in wanted]
         return found
 
     def _insert(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
@@ -328,7 +328,7 @@ def _merge_episodes(
     batch: list[Delivery],
     ids: list[int],
     now: dt.datetime,
-    repeats: AbstractSet[_Key] = frozenset(),
+    repeats: set[_Key],
 ) -> tuple[list[dict[str, Any]], dict[_Key, int]]:
     """One row per episode key in the batch (a resolved status wins: resolution is final);
     none for a firing alert whose key is in ``repeats`` (stored firing: nothing to change)."""
