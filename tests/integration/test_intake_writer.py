@@ -187,6 +187,27 @@ async def test_an_episode_retention_deleted_is_stored_again_by_a_firing_repeat(d
     assert again[0].changed == 2
 
 
+async def test_no_delivery_id_is_given_twice_after_retention_deleted_the_newest(db, clock):
+    """An episode names the delivery that started it: the approval page shows that body, the
+    sender check reads its principal. On SQLite a new row's id is one past the largest, so
+    once retention had deleted every delivery, ids started again at 1 and an old episode
+    named a delivery it never came from."""
+    payload = am_payload(FIRING)
+    async with writer(db, clock) as w:
+        before = await w.store_together([delivery(payload), delivery(payload, tag="-repeat")])
+        clock.advance(200 * 86400)  # a quiet spell longer than any retention
+        await retention.delete_old_deliveries(db, older_than=clock())
+        after = await w.store_together([delivery(new_episode(payload, 1), tag="-later")])
+    assert after[0].delivery_id > max(s.delivery_id for s in before)
+    E, D = tables.alert_episodes, tables.deliveries
+    query = sa.select(E.c.fingerprint, D.c.receiver).outerjoin(D, D.c.id == E.c.first_delivery_id)
+    async with db.read() as conn:
+        named = {row.fingerprint: row.receiver for row in await conn.execute(query)}
+    old = {alert["fingerprint"] for alert in payload["alerts"]}
+    assert {named[f] for f in old} <= {"webhook", None}  # its own delivery, or none left
+    assert "webhook-later" in named.values()
+
+
 async def test_a_batch_of_new_episodes_is_learned_from_its_own_upsert(db, clock):
     payload = am_payload(FIRING)
     batch = [delivery(new_episode(payload, n)) for n in range(30)]

@@ -88,7 +88,7 @@ async def test_retention_deletes_only_old_raw_deliveries(database_url):
                         "alert_count": 0,
                         "body": "{}",
                     }
-                    for age in (1, 89, 91, 400)
+                    for age in (400, 91, 89, 1)  # in the order they arrived
                 ],
             )
         deleted = await retention.delete_old_deliveries(

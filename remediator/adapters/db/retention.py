@@ -25,10 +25,22 @@ Batch = Callable[[int], Callable[[sa.Connection], Page]]
 async def delete_old_deliveries(
     db: database.Database, *, older_than: dt.datetime, batch: int = 1000
 ) -> int:
+    """Delete deliveries received before ``older_than``; on SQLite never the newest one.
+
+    Episodes name the delivery that started them and the one that resolved them (the approval
+    page shows that body, the sender check reads its principal). SQLite gives a new row the id
+    one past the largest (the webhook's writer numbers a batch the same way), so deleting the
+    newest row would hand its id, and those before it, to new deliveries, which episodes
+    would then name. The newest row holds the ids: after a quiet spell longer than the
+    retention it outlives it, until the next delivery. Postgres takes ids from a sequence.
+    """
     D = tables.deliveries
+    old = D.c.received_at < older_than
+    if db.is_sqlite:
+        old = sa.and_(old, D.c.id < sa.select(sa.func.max(D.c.id)).scalar_subquery())
 
     def one_batch(conn: sa.Connection) -> int:
-        ids = sa.select(D.c.id).where(D.c.received_at < older_than).order_by(D.c.id).limit(batch)
+        ids = sa.select(D.c.id).where(old).order_by(D.c.id).limit(batch)
         return conn.execute(sa.delete(D).where(D.c.id.in_(ids))).rowcount or 0
 
     deleted = 0
