@@ -270,6 +270,7 @@ def _replicas_on(
         cpu = used.since()
     cores = procs.cpus()
     most = cpu.most_per_second(got.alerts, cores)
+    busy = cores_busy(one_replica_cpu, one_replica)
     return [
         Row(
             "two replicas, cordon runs/s (same burst)",
@@ -282,9 +283,17 @@ def _replicas_on(
             f"{cpu.per_alert_ms(got.alerts):.1f} ms against {one_replica_cpu:.1f} ms with one "
             "replica (what two replicas cost over one, whatever the cores); at that CPU an "
             f"alert the {cores} cores carry at most {most:,.0f} alerts/s "
-            f"({table.ratio(most, one_replica)}x one replica)",
+            f"({table.ratio(most, one_replica)}x one replica); one replica alone kept "
+            f"{busy:.2f} of them busy, so even a free second replica could do at most "
+            f"{table.ratio(cores, busy)}x one here",
         )
     ]
+
+
+def cores_busy(cpu_ms_per_alert: float, per_second: float) -> float:
+    """Cores a burst kept busy: the CPU an alert (every process) times the alerts a second.
+    On a machine of N cores, N over this bounds what any number of replicas can add."""
+    return cpu_ms_per_alert * per_second / 1000
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,3 +44,12 @@ def test_the_most_the_cores_carry_is_their_time_over_the_cpu_an_alert() -> None:
     used = stages._Used(servers=5.2, sim=1.8, postgres=1.8)  # 8.8 ms an alert
     assert round(used.most_per_second(1000, cores=2), 1) == 227.3
     assert round(used.most_per_second(1000, cores=4), 1) == 454.5
+
+
+def test_the_cores_a_burst_kept_busy_bound_what_replicas_can_add() -> None:
+    from bench import stages
+
+    busy = stages.cores_busy(7.1, 202.1)  # the fast-hour run: 7.1 ms an alert, 202 alerts/s
+    assert round(busy, 2) == 1.43
+    assert round(2 / busy, 2) == 1.39  # 2 cores: no second replica could reach 1.6x
+    assert stages.cores_busy(0.0, 500.0) == 0.0
