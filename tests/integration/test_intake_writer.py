@@ -74,6 +74,7 @@ class Writer:
     def __init__(self, db: database.Database, clock: Any) -> None:
         self.db = db
         self.writer = intake.IntakeWriter(db, clock=clock)
+        self.writer.known.monotonic = lambda: clock().timestamp()  # both clocks move together
         self.task = asyncio.create_task(self.writer.run())
 
     async def store_together(self, deliveries: list[intake.Delivery]) -> list[intake.Stored]:
@@ -153,24 +154,63 @@ async def test_a_restarted_writer_learns_stored_firing_episodes_once(db, clock):
     assert again[0].changed == 0
 
 
-async def test_resolution_after_known_repeats_is_stored_and_forgets_the_episode(db, clock):
+async def test_a_resolution_is_stored_and_its_repeats_then_send_nothing(db, clock):
+    """A resolution of a known firing episode is written; after it, a resolved repeat (the HA
+    peer's copy, a retry) and a late firing repeat change nothing, and send nothing."""
     payload = am_payload(FIRING)
     async with writer(db, clock) as w:
         await w.store_together([delivery(payload), delivery(payload, tag="repeat")])
         done = await w.store_together([delivery(resolved(payload))])
         assert done[0].changed == 2
-        assert len(w.writer.known) == 0
-        late = await w.store_together([delivery(payload, tag="late")])  # a late firing repeat
-    assert late[0].changed == 0
+        with statements() as seen:
+            again = await w.store_together([delivery(resolved(payload), tag="peer")])
+            late = await w.store_together([delivery(payload, tag="late")])
+    assert touching(seen, "alert_episodes") == []  # the old writer upserted the first again
+    assert again[0].changed == late[0].changed == 0
     E = tables.alert_episodes
     async with db.read() as conn:
         statuses = (await conn.execute(sa.select(E.c.status))).scalars().all()
     assert statuses == ["resolved", "resolved"]
 
 
+async def test_a_restarted_writer_learns_recently_resolved_episodes_once(db, clock):
+    payload = am_payload(FIRING)
+    async with writer(db, clock) as w:
+        await w.store_together([delivery(payload)])
+        await w.store_together([delivery(resolved(payload))])
+    clock.advance(3600)
+    async with writer(db, clock) as w:  # a new process: it knows no episode
+        with statements() as seen:
+            await w.store_together([delivery(resolved(payload), tag="a")])
+        learned = touching(seen, "alert_episodes")
+        with statements() as seen:
+            late = await w.store_together([delivery(payload, tag="late")])
+            again = await w.store_together([delivery(resolved(payload), tag="b")])
+    assert [sql.split()[0] for sql, _ in learned] == ["INSERT", "SELECT"]
+    assert touching(seen, "alert_episodes") == []  # the old writer upserted both
+    assert late[0].changed == again[0].changed == 0
+
+
+async def test_an_episode_resolved_a_day_ago_is_not_trusted_to_stay(db, clock):
+    """Retention may delete an episode a day after its resolution: one resolved longer ago
+    than ``recent`` is not learned, and its repeats are written as before."""
+    payload = am_payload(FIRING)
+    async with writer(db, clock) as w:
+        await w.store_together([delivery(payload)])
+        await w.store_together([delivery(resolved(payload))])
+    clock.advance(86400 - 1800)  # 23.5 hours: within a day, not within a day less the ttl
+    async with writer(db, clock) as w:
+        await w.store_together([delivery(resolved(payload), tag="a")])
+        with statements() as seen:
+            await w.store_together([delivery(resolved(payload), tag="b")])
+        assert len(w.writer.known) == 0
+    assert [sql.split()[0] for sql, _ in touching(seen, "alert_episodes")] == ["INSERT", "SELECT"]
+
+
 async def test_an_episode_retention_deleted_is_stored_again_by_a_firing_repeat(db, clock):
-    """What the writer did before it knew episodes: a resolved episode leaves what it knows,
-    so once retention has deleted it, a firing repeat stores it anew."""
+    """What the writer did before it knew episodes: a day after the resolution what it knows
+    of the episode has expired, so once retention has deleted it, a firing repeat stores it
+    anew."""
     payload = am_payload(FIRING)
     E = tables.alert_episodes
     async with writer(db, clock) as w:
@@ -235,18 +275,37 @@ def _keys(payload: dict[str, Any]) -> list[tuple[str, dt.datetime]]:
 
 def test_a_known_key_is_trusted_for_its_ttl_only():
     ticks = Ticks()
-    known = intake.KnownFiring(ttl=60, monotonic=ticks)
+    known = intake.KnownEpisodes(ttl=60, monotonic=ticks)
     payload = am_payload(FIRING)
     known.learn(_keys(payload), [])
-    assert known.repeats([delivery(payload)]) == set(_keys(payload))
-    assert known.repeats([delivery(resolved(payload))]) == set()  # a resolution is written
+    assert known.repeats([delivery(payload)]) == dict.fromkeys(_keys(payload), False)
+    known.learn([], _keys(payload)[:1])
+    assert known.repeats([delivery(payload)]) == {_keys(payload)[0]: True, _keys(payload)[1]: False}
     ticks.now += 61
-    assert known.repeats([delivery(payload)]) == set()
+    assert known.repeats([delivery(payload)]) == {}
+
+
+def test_only_alerts_that_would_change_nothing_are_left_out():
+    payload = am_payload(FIRING)
+    keys = _keys(payload)
+    now = dt.datetime(2026, 11, 30, 12, tzinfo=dt.UTC)
+
+    def written(sent: dict[str, Any], known: dict[Any, bool]) -> list[str]:
+        rows, _ = intake._merge_episodes([delivery(sent)], [1], now, known)
+        return [row["status"] for row in rows]
+
+    firing_known = dict.fromkeys(keys, False)
+    resolved_known = dict.fromkeys(keys, True)
+    assert written(payload, {}) == ["firing", "firing"]
+    assert written(payload, firing_known) == []
+    assert written(resolved(payload), firing_known) == ["resolved", "resolved"]  # a resolution
+    assert written(payload, resolved_known) == []  # resolution is final
+    assert written(resolved(payload), resolved_known) == []
 
 
 def test_known_keys_are_bounded_and_the_oldest_go_first():
     ticks = Ticks()
-    known = intake.KnownFiring(limit=100, monotonic=ticks)
+    known = intake.KnownEpisodes(limit=100, monotonic=ticks)
     payload = am_payload(FIRING)
     keys = [k for n in range(101) for k in _keys(new_episode(payload, n))[:1]]
     known.learn(keys[:1], [])
@@ -259,11 +318,14 @@ def test_known_keys_are_bounded_and_the_oldest_go_first():
 
 
 def test_the_ttl_is_shorter_than_the_shortest_retention():
-    """A key known firing may be trusted while its episode cannot have been deleted:
-    retention deletes only episodes resolved ``alert_retention_days`` (a whole day at least)
-    ago."""
+    """A known key may be trusted while its episode cannot have been deleted: retention
+    deletes only episodes resolved ``alert_retention_days`` (a whole day at least) ago, and a
+    key is learned resolved only within ``recent``, which leaves the ttl before that day."""
     from remediator.app import settings
 
     field = settings.Settings.model_fields["alert_retention_days"]
     assert field.annotation is int  # whole days: 0 (never delete) or at least one
-    assert intake.KnownFiring().ttl < 86400
+    known = intake.KnownEpisodes()
+    assert known.ttl < 86400
+    assert known.recent.total_seconds() + known.ttl <= 86400
+    assert known.recent.total_seconds() > 0

@@ -55,20 +55,25 @@ class Stored:
 _Key = tuple[str, dt.datetime]
 
 
-class KnownFiring:
-    """Episode keys this process knows are stored as firing, and since when.
+class KnownEpisodes:
+    """Episode keys this process knows are stored, whether as resolved, and since when.
 
-    A firing repeat of a stored episode changes nothing (the upsert changes an episode only
-    from firing to resolved), and repeats are most of what Alertmanager sends. So the writer
-    leaves a firing repeat of a known key out of its upsert: serializing its labels and
-    probing the unique index for nothing was a third of the webhook's writing.
+    The upsert changes a stored episode only from firing to resolved, so two kinds of repeat
+    change nothing: a firing alert of a stored episode, and a resolved alert of an episode
+    stored resolved. Repeats are most of what Alertmanager sends (every repeat interval, each
+    replica of an HA pair, every retry), so the writer leaves the repeats of known keys out
+    of its upsert: serializing their labels and probing the unique index for nothing was a
+    third of the webhook's writing. A resolved alert of a key known firing is always written.
 
     Why a known key may be trusted for ``ttl`` seconds: a stored episode leaves the table only
     through retention, which deletes episodes resolved more than ``alert_retention_days`` (at
-    least one day) ago. An episode known firing at time t was not resolved at t, so it is
-    there at least until t plus a day, whatever another replica does to it meanwhile (it may
-    resolve it: a firing repeat changes nothing then either). A key learned again after its
-    ``ttl`` starts a new ``ttl``. ``limit`` bounds the memory; the oldest keys go first.
+    least one day) ago, and nothing turns a resolved episode back to firing. An episode known
+    firing at time t was not resolved at t, so it is there at least until t plus a day,
+    whatever another replica does to it meanwhile (it may resolve it: a firing repeat changes
+    nothing then either). An episode is learned resolved only if it was resolved within the
+    last ``RECENT`` (a day less ``ttl``): it is there for ``ttl`` more at least. A key learned
+    again after its ``ttl`` starts a new ``ttl``. ``limit`` bounds the memory; the oldest keys
+    go first.
     """
 
     def __init__(
@@ -81,33 +86,37 @@ class KnownFiring:
         self.ttl = ttl
         self.limit = limit
         self.monotonic = monotonic
-        self._since: dict[_Key, float] = {}
+        self._since: dict[_Key, tuple[float, bool]] = {}  # key: (learned at, resolved)
 
-    def repeats(self, batch: list[Delivery]) -> set[_Key]:
-        """The keys of the batch's firing alerts known to be stored as firing."""
+    @property
+    def recent(self) -> dt.timedelta:
+        """How lately an episode must have been resolved to be learned resolved."""
+        return dt.timedelta(days=1) - dt.timedelta(seconds=self.ttl)
+
+    def repeats(self, batch: list[Delivery]) -> dict[_Key, bool]:
+        """The batch's keys known to be stored, with whether as resolved."""
         if not self._since:
-            return set()
+            return {}
         fresh = self.monotonic() - self.ttl
         since = self._since
-        found: set[_Key] = set()
+        found: dict[_Key, bool] = {}
         for delivery in batch:
             for alert in delivery.payload.alerts:
-                if alert.status is alerts.AlertStatus.FIRING:
-                    key = (alert.fingerprint, alert.starts_at)
-                    learned = since.get(key)
-                    if learned is not None and learned > fresh:
-                        found.add(key)
+                key = (alert.fingerprint, alert.starts_at)
+                known = since.get(key)
+                if known is not None and known[0] > fresh:
+                    found[key] = known[1]
         return found
 
     def learn(self, firing: list[_Key], resolved: list[_Key]) -> None:
-        """After a commit: ``firing`` keys are stored firing now, ``resolved`` ones resolved."""
+        """After a commit: ``firing`` keys are stored firing now, ``resolved`` ones resolved
+        (each within ``recent``)."""
         since = self._since
-        for key in resolved:
-            since.pop(key, None)
         now = self.monotonic()
-        for key in firing:
-            since.pop(key, None)  # to the end: the oldest keys stay first
-            since[key] = now
+        for keys, is_resolved in ((firing, False), (resolved, True)):
+            for key in keys:
+                since.pop(key, None)  # to the end: the oldest keys stay first
+                since[key] = (now, is_resolved)
         if len(since) > self.limit:
             for key in list(itertools.islice(since, len(since) - self.limit * 3 // 4)):
                 del since[key]
@@ -119,8 +128,8 @@ class KnownFiring:
 @dataclasses.dataclass(frozen=True)
 class _Written:
     stored: list[Stored]
-    firing: list[_Key]  # keys now stored firing (new, or confirmed so)
-    resolved: list[_Key]  # keys resolved by this batch
+    firing: list[_Key]  # keys now stored firing (new, or found so)
+    resolved: list[_Key]  # keys resolved by this batch, or found resolved within ``recent``
 
 
 class IntakeWriter:
@@ -148,7 +157,7 @@ class IntakeWriter:
         self._insert_numbered = sa.insert(tables.deliveries)
         self._last_id = sa.select(sa.func.max(tables.deliveries.c.id))  # alone: one index step
         self._upsert_episodes = self._upsert()
-        self.known = KnownFiring()
+        self.known = KnownEpisodes()
 
     async def store(self, delivery: Delivery) -> Stored:
         """Enqueue and wait until committed. Raises ``StoreUnavailable`` if it could not be."""
@@ -194,7 +203,11 @@ class IntakeWriter:
         return written.stored
 
     def _write(
-        self, conn: sa.Connection, batch: list[Delivery], now: dt.datetime, repeats: set[_Key]
+        self,
+        conn: sa.Connection,
+        batch: list[Delivery],
+        now: dt.datetime,
+        repeats: dict[_Key, bool],
     ) -> _Written:
         delivery_rows = [
             {
@@ -223,15 +236,18 @@ class IntakeWriter:
                 changed_keys.add(key)
                 now_firing = changed.status == alerts.AlertStatus.FIRING.value
                 (firing if now_firing else resolved).append(key)
-            # Firing alerts of episodes stored before: which of them are stored firing?
+            # Episodes stored before that this batch did not change: how are they stored?
             unchanged = [
                 key
                 for e in episodes
-                if e["status"] == alerts.AlertStatus.FIRING.value
-                and (key := (e["fingerprint"], e["starts_at"])) not in changed_keys
+                if (key := (e["fingerprint"], e["starts_at"])) not in changed_keys
             ]
             if unchanged:
-                firing += self._stored_firing(conn, unchanged)
+                found_firing, found_resolved = self._stored(
+                    conn, unchanged, now - self.known.recent
+                )
+                firing += found_firing
+                resolved += found_resolved
         stored = [
             Stored(
                 delivery_id=delivery_id,
@@ -242,21 +258,29 @@ class IntakeWriter:
         ]
         return _Written(stored=stored, firing=firing, resolved=resolved)
 
-    def _stored_firing(self, conn: sa.Connection, keys: list[_Key]) -> list[_Key]:
-        """Those of ``keys`` whose episode is stored firing (read by fingerprint: the prefix of
-        the unique index)."""
+    def _stored(
+        self, conn: sa.Connection, keys: list[_Key], resolved_since: dt.datetime
+    ) -> tuple[list[_Key], list[_Key]]:
+        """Those of ``keys`` whose episode is stored firing, and those stored resolved since
+        ``resolved_since`` (read by fingerprint: the prefix of the unique index)."""
         wanted = set(keys)
         E = tables.alert_episodes
-        found: list[_Key] = []
+        firing: list[_Key] = []
+        resolved: list[_Key] = []
         fingerprints = sorted({fingerprint for fingerprint, _ in wanted})
         for start in range(0, len(fingerprints), _CHUNK):
-            query = sa.select(E.c.fingerprint, E.c.starts_at).where(
-                E.c.fingerprint.in_(fingerprints[start : start + _CHUNK]),
-                E.c.status == alerts.AlertStatus.FIRING.value,
+            query = sa.select(E.c.fingerprint, E.c.starts_at, E.c.status, E.c.resolved_at).where(
+                E.c.fingerprint.in_(fingerprints[start : start + _CHUNK])
             )
-            rows = conn.execute(query)
-            found += [key for row in rows if (key := (row.fingerprint, row.starts_at)) in wanted]
-        return found
+            for row in conn.execute(query):
+                key = (row.fingerprint, row.starts_at)
+                if key not in wanted:
+                    continue
+                if row.status == alerts.AlertStatus.FIRING.value:
+                    firing.append(key)
+                elif row.resolved_at is not None and row.resolved_at >= resolved_since:
+                    resolved.append(key)
+        return firing, resolved
 
     def _insert(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
         """Insert the delivery rows; their ids, in order.
@@ -328,17 +352,19 @@ def _merge_episodes(
     batch: list[Delivery],
     ids: list[int],
     now: dt.datetime,
-    repeats: set[_Key],
+    known: dict[_Key, bool],
 ) -> tuple[list[dict[str, Any]], dict[_Key, int]]:
     """One row per episode key in the batch (a resolved status wins: resolution is final);
-    none for a firing alert whose key is in ``repeats`` (stored firing: nothing to change)."""
+    none for an alert that would change nothing: firing, of a ``known`` key (stored), or
+    resolved, of a key ``known`` resolved."""
     rows: dict[_Key, dict[str, Any]] = {}
     first_delivery: dict[_Key, int] = {}
     for delivery, delivery_id in zip(batch, ids, strict=True):
         for alert in delivery.payload.alerts:
             key = (alert.fingerprint, alert.starts_at)
             resolved = alert.status is alerts.AlertStatus.RESOLVED
-            if not resolved and key in repeats:
+            stored_resolved = known.get(key)
+            if stored_resolved is not None and (stored_resolved or not resolved):
                 continue
             current = rows.get(key)
             if current is not None and (current["status"] == "resolved" or not resolved):
