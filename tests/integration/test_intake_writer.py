@@ -278,11 +278,14 @@ def test_a_known_key_is_trusted_for_its_ttl_only():
     known = intake.KnownEpisodes(ttl=60, monotonic=ticks)
     payload = am_payload(FIRING)
     known.learn(_keys(payload), [])
-    assert known.repeats([delivery(payload)]) == dict.fromkeys(_keys(payload), False)
+    assert known.known_in([delivery(payload)]) == dict.fromkeys(_keys(payload), False)
     known.learn([], _keys(payload)[:1])
-    assert known.repeats([delivery(payload)]) == {_keys(payload)[0]: True, _keys(payload)[1]: False}
+    assert known.known_in([delivery(payload)]) == {
+        _keys(payload)[0]: True,
+        _keys(payload)[1]: False,
+    }
     ticks.now += 61
-    assert known.repeats([delivery(payload)]) == {}
+    assert known.known_in([delivery(payload)]) == {}
 
 
 def test_only_alerts_that_would_change_nothing_are_left_out():
@@ -313,8 +316,8 @@ def test_known_keys_are_bounded_and_the_oldest_go_first():
     known.learn(keys[:1], [])  # learned again: now the newest
     known.learn(keys[100:], [])
     assert len(known) == 75
-    assert known.repeats([delivery(new_episode(payload, 0))])  # kept: learned last but one
-    assert not known.repeats([delivery(new_episode(payload, 1))])  # among the oldest: gone
+    assert known.known_in([delivery(new_episode(payload, 0))])  # kept: learned last but one
+    assert not known.known_in([delivery(new_episode(payload, 1))])  # among the oldest: gone
 
 
 def test_the_ttl_is_shorter_than_the_shortest_retention():

@@ -71,7 +71,7 @@ class KnownEpisodes:
     firing at time t was not resolved at t, so it is there at least until t plus a day,
     whatever another replica does to it meanwhile (it may resolve it: a firing repeat changes
     nothing then either). An episode is learned resolved only if it was resolved within the
-    last ``RECENT`` (a day less ``ttl``): it is there for ``ttl`` more at least. A key learned
+    last ``recent`` (a day less ``ttl``): it is there for ``ttl`` more at least. A key learned
     again after its ``ttl`` starts a new ``ttl``. ``limit`` bounds the memory; the oldest keys
     go first.
     """
@@ -93,7 +93,7 @@ class KnownEpisodes:
         """How lately an episode must have been resolved to be learned resolved."""
         return dt.timedelta(days=1) - dt.timedelta(seconds=self.ttl)
 
-    def repeats(self, batch: list[Delivery]) -> dict[_Key, bool]:
+    def known_in(self, batch: list[Delivery]) -> dict[_Key, bool]:
         """The batch's keys known to be stored, with whether as resolved."""
         if not self._since:
             return {}
@@ -195,9 +195,9 @@ class IntakeWriter:
 
     async def _commit(self, batch: list[Delivery]) -> list[Stored]:
         now = self.clock()
-        repeats = self.known.repeats(batch)
+        known = self.known.known_in(batch)
         written = await self.db.write_sync(
-            "intake", lambda conn: self._write(conn, batch, now, repeats), urgent=True
+            "intake", lambda conn: self._write(conn, batch, now, known), urgent=True
         )
         self.known.learn(written.firing, written.resolved)  # committed
         return written.stored
@@ -207,7 +207,7 @@ class IntakeWriter:
         conn: sa.Connection,
         batch: list[Delivery],
         now: dt.datetime,
-        repeats: dict[_Key, bool],
+        known: dict[_Key, bool],
     ) -> _Written:
         delivery_rows = [
             {
@@ -226,7 +226,7 @@ class IntakeWriter:
             for row in delivery_rows:
                 row["mac"] = audit.mac(self.keys, audit.delivery_text(row))
         ids = self._insert(conn, delivery_rows)
-        episodes, first_delivery = _merge_episodes(batch, ids, now, repeats)
+        episodes, first_delivery = _merge_episodes(batch, ids, now, known)
         changed_keys: set[_Key] = set()
         firing: list[_Key] = []
         resolved: list[_Key] = []
