@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import datetime as dt
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -125,6 +126,48 @@ async def test_a_batch_of_deliveries_is_one_insert_and_each_answer_names_its_own
     assert len({s.delivery_id for s in stored}) == 37
     for d, answer in zip(batch[3:], stored, strict=True):
         assert rows[answer.delivery_id] == d.body
+
+
+async def test_delivery_rows_are_stored_as_sqlalchemy_stores_them(db, clock):
+    """The writer sends SQLite its delivery rows as plain tuples; every column must hold what
+    SQLAlchemy's own insert of the same row holds (the text of ``received_at`` included:
+    queries compare it as text), at a whole second and between two."""
+    payload = am_payload(FIRING)
+    D = tables.deliveries
+    written: list[tuple[int, int]] = []
+    async with writer(db, clock) as w:
+        for advance in (0.0, 0.25):
+            clock.advance(advance)
+            made = dataclasses.replace(
+                delivery(payload, tag=f"-{advance}"), principal="alertmanager", remote="10.0.0.7"
+            )
+            stored = await w.store_together([made])
+            row = {
+                "received_at": clock(),
+                "receiver": made.payload.receiver,
+                "status": made.payload.status.value,
+                "group_key": made.payload.group_key,
+                "alert_count": len(made.payload.alerts),
+                "principal": made.principal,
+                "remote": made.remote,
+                "body": made.body,
+            }
+            async with db.write() as conn:
+                reference = (
+                    await conn.execute(sa.insert(D).values(row).returning(D.c.id))
+                ).scalar_one()
+            written.append((stored[0].delivery_id, reference))
+    columns = ", ".join(c.name for c in D.c if c.name != "id")
+    async with db.read() as conn:
+        for ours, reference in written:
+            raw = {
+                row[0]: tuple(row[1:])
+                for row in await conn.execute(
+                    sa.text(f"SELECT id, {columns} FROM deliveries WHERE id IN (:a, :b)"),
+                    {"a": ours, "b": reference},
+                )
+            }
+            assert raw[ours] == raw[reference]
 
 
 async def test_firing_repeats_of_a_stored_episode_send_nothing_to_its_table(db, clock):

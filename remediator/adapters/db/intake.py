@@ -15,11 +15,13 @@ on every retry. Any other failure is ``StoreUnavailable`` (503, retried).
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import datetime as dt
 import itertools
 import logging
 import time
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +33,11 @@ from remediator.domain import alerts, audit, errors
 
 logger = logging.getLogger("remediator.intake")
 _CHUNK = 200  # fingerprints a query: far below any backend's limit of bound parameters
+_DELIVERY_COLUMNS = tuple(c.name for c in tables.deliveries.c if c.name != "id")
+# SQLite: the batch's ids are chosen in its write transaction (``IntakeWriter._insert``), and
+# its rows sent as plain tuples in the table's column order, id first.
+_LAST_DELIVERY = "SELECT max(id) FROM deliveries"  # alone: one step down the primary key
+_INSERT_NUMBERED = str(sa.insert(tables.deliveries).compile(dialect=sqlite.dialect()))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,8 +48,7 @@ class Delivery:
     remote: str | None
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Stored:
+class Stored(typing.NamedTuple):  # a tuple: one per delivery, built in the write transaction
     delivery_id: int
     alerts: int
     changed: int  # new episodes plus firing → resolved changes
@@ -153,9 +159,7 @@ class IntakeWriter:
         self._insert_deliveries = sa.insert(tables.deliveries).returning(
             tables.deliveries.c.id, sort_by_parameter_order=True
         )
-        # SQLite: the batch's ids are chosen in its write transaction (below).
-        self._insert_numbered = sa.insert(tables.deliveries)
-        self._last_id = sa.select(sa.func.max(tables.deliveries.c.id))  # alone: one index step
+        self._received_at: Callable[[dt.datetime], Any] | None = None  # SQLite's bind processor
         self._upsert_episodes = self._upsert()
         self.known = KnownEpisodes()
 
@@ -209,23 +213,19 @@ class IntakeWriter:
         now: dt.datetime,
         known: dict[_Key, bool],
     ) -> _Written:
-        delivery_rows = [
-            {
-                "received_at": now,
-                "receiver": d.payload.receiver,
-                "status": d.payload.status.value,
-                "group_key": d.payload.group_key,
-                "alert_count": len(d.payload.alerts),
-                "principal": d.principal,
-                "remote": d.remote,
-                "body": d.body,
-            }
+        rows = [
+            (
+                d.payload.receiver,
+                d.payload.status.value,
+                d.payload.group_key,
+                len(d.payload.alerts),
+                d.principal,
+                d.remote,
+                d.body,
+            )
             for d in batch
         ]
-        if self.keys is not None:
-            for row in delivery_rows:
-                row["mac"] = audit.mac(self.keys, audit.delivery_text(row))
-        ids = self._insert(conn, delivery_rows)
+        ids = self._insert(conn, now, rows, self._macs(now, rows))
         episodes, first_delivery = _merge_episodes(batch, ids, now, known)
         changed_keys: set[_Key] = set()
         firing: list[_Key] = []
@@ -248,12 +248,9 @@ class IntakeWriter:
                 )
                 firing += found_firing
                 resolved += found_resolved
+        changes = collections.Counter(first_delivery[key] for key in changed_keys)
         stored = [
-            Stored(
-                delivery_id=delivery_id,
-                alerts=len(d.payload.alerts),
-                changed=sum(1 for key in changed_keys if first_delivery.get(key) == delivery_id),
-            )
+            Stored(delivery_id, len(d.payload.alerts), changes.get(delivery_id, 0))
             for d, delivery_id in zip(batch, ids, strict=True)
         ]
         return _Written(stored=stored, firing=firing, resolved=resolved)
@@ -282,24 +279,51 @@ class IntakeWriter:
                     resolved.append(key)
         return firing, resolved
 
-    def _insert(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
-        """Insert the delivery rows; their ids, in order.
+    def _macs(self, now: dt.datetime, rows: list[tuple[Any, ...]]) -> list[str | None]:
+        """Each row's MAC with the audit key, or None without a key."""
+        keys = self.keys
+        if keys is None:
+            return [None] * len(rows)
+        named = (dict(zip(_DELIVERY_COLUMNS[:-1], (now, *row), strict=True)) for row in rows)
+        return [audit.mac(keys, audit.delivery_text(row)) for row in named]
+
+    def _insert(
+        self,
+        conn: sa.Connection,
+        now: dt.datetime,
+        rows: list[tuple[Any, ...]],
+        macs: list[str | None],
+    ) -> list[int]:
+        """Insert the delivery rows (``_DELIVERY_COLUMNS`` but the first and the MAC), received
+        ``now``; their ids, in order.
 
         SQLite cannot tie the ids of one multi-row INSERT to its rows, so SQLAlchemy's ordered
-        RETURNING falls back to one INSERT a delivery there: a statement and its parameter
-        processing for each delivery, the largest cost of the webhook. This transaction holds
-        SQLite's only write lock (``BEGIN IMMEDIATE``), so the ids after the largest one are
-        free until it commits: they are numbered here and the rows go in as one executemany.
-        The numbers are the ones SQLite gives itself (the largest rowid plus one; ``deliveries``
-        has no AUTOINCREMENT). Postgres takes ordered RETURNING in one statement as it is.
+        RETURNING falls back to one INSERT a delivery there. This transaction holds SQLite's
+        only write lock (``BEGIN IMMEDIATE``), so the ids after the largest one are free until
+        it commits: they are numbered here (the numbers SQLite would give: the largest rowid
+        plus one; ``deliveries`` has no AUTOINCREMENT) and the rows go in as one executemany
+        of plain tuples, sent as they are (the batch shares one ``received_at``, converted
+        once): SQLAlchemy's per-row parameter processing cost more than SQLite's insert.
+        Postgres takes ordered RETURNING in one statement as it is.
         """
         if not self.db.is_sqlite:
-            return [row.id for row in conn.execute(self._insert_deliveries, rows)]
-        first = (conn.execute(self._last_id).scalar_one() or 0) + 1
+            named = [
+                dict(zip(_DELIVERY_COLUMNS, (now, *row, mac), strict=True))
+                for row, mac in zip(rows, macs, strict=True)
+            ]
+            return [row.id for row in conn.execute(self._insert_deliveries, named)]
+        if self._received_at is None:
+            self._received_at = _bind_processor(tables.deliveries.c.received_at, conn.dialect)
+        received_at = self._received_at(now)
+        first = (conn.exec_driver_sql(_LAST_DELIVERY).scalar_one() or 0) + 1
         ids = list(range(first, first + len(rows)))
-        for row, delivery_id in zip(rows, ids, strict=True):
-            row["id"] = delivery_id
-        conn.execute(self._insert_numbered, rows)
+        conn.exec_driver_sql(
+            _INSERT_NUMBERED,
+            [
+                (delivery_id, received_at, *row, mac)
+                for delivery_id, row, mac in zip(ids, rows, macs, strict=True)
+            ],
+        )
         return ids
 
     def _upsert(self) -> Any:
@@ -359,10 +383,11 @@ def _merge_episodes(
     resolved, of a key ``known`` resolved."""
     rows: dict[_Key, dict[str, Any]] = {}
     first_delivery: dict[_Key, int] = {}
+    RESOLVED = alerts.AlertStatus.RESOLVED  # looked up once, not per alert
     for delivery, delivery_id in zip(batch, ids, strict=True):
         for alert in delivery.payload.alerts:
             key = (alert.fingerprint, alert.starts_at)
-            resolved = alert.status is alerts.AlertStatus.RESOLVED
+            resolved = alert.status is RESOLVED
             stored_resolved = known.get(key)
             if stored_resolved is not None and (stored_resolved or not resolved):
                 continue
@@ -388,3 +413,11 @@ def _merge_episodes(
                 "resolved_at": now if resolved else None,
             }
     return list(rows.values()), first_delivery
+
+
+def _bind_processor(column: sa.Column[Any], dialect: sa.Dialect) -> Callable[[Any], Any]:
+    """How ``column``'s type turns a value into what ``dialect``'s driver is sent (as
+    SQLAlchemy sends it: a type's own ``bind_processor`` skips the dialect's, and SQLite's
+    driver would then store datetimes in another text format)."""
+    process = column.type.dialect_impl(dialect).bind_processor(dialect)
+    return process if process is not None else (lambda value: value)
