@@ -37,7 +37,8 @@ _DELIVERY_COLUMNS = tuple(c.name for c in tables.deliveries.c if c.name != "id")
 # SQLite: the batch's ids are chosen in its write transaction (``IntakeWriter._insert``), and
 # its rows sent as plain tuples in the table's column order, id first.
 _LAST_DELIVERY = "SELECT max(id) FROM deliveries"  # alone: one step down the primary key
-_INSERT_NUMBERED = str(sa.insert(tables.deliveries).compile(dialect=sqlite.dialect()))
+_SQLITE = sqlite.dialect()
+_INSERT_NUMBERED = str(sa.insert(tables.deliveries).compile(dialect=_SQLITE))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -159,7 +160,6 @@ class IntakeWriter:
         self._insert_deliveries = sa.insert(tables.deliveries).returning(
             tables.deliveries.c.id, sort_by_parameter_order=True
         )
-        self._received_at: Callable[[dt.datetime], Any] | None = None  # SQLite's bind processor
         self._upsert_episodes = self._upsert()
         self.known = KnownEpisodes()
 
@@ -312,9 +312,7 @@ class IntakeWriter:
                 for row, mac in zip(rows, macs, strict=True)
             ]
             return [row.id for row in conn.execute(self._insert_deliveries, named)]
-        if self._received_at is None:
-            self._received_at = _bind_processor(tables.deliveries.c.received_at, conn.dialect)
-        received_at = self._received_at(now)
+        received_at = _SQLITE_RECEIVED_AT(now)
         first = (conn.exec_driver_sql(_LAST_DELIVERY).scalar_one() or 0) + 1
         ids = list(range(first, first + len(rows)))
         conn.exec_driver_sql(
@@ -421,3 +419,7 @@ def _bind_processor(column: sa.Column[Any], dialect: sa.Dialect) -> Callable[[An
     driver would then store datetimes in another text format)."""
     process = column.type.dialect_impl(dialect).bind_processor(dialect)
     return process if process is not None else (lambda value: value)
+
+
+# ``received_at`` as SQLAlchemy sends it to SQLite (its DATETIME text), converted once a batch.
+_SQLITE_RECEIVED_AT = _bind_processor(tables.deliveries.c.received_at, _SQLITE)
