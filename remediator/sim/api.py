@@ -80,8 +80,11 @@ def parse_target(path: str) -> Target | None:
 
 
 def _serve(obj: Obj, res: resources.Resource) -> Obj:
-    obj["apiVersion"] = res.api_version
-    return obj
+    """``obj`` with the resource's ``apiVersion`` (a new top level where it had another: the
+    object may be the store's own)."""
+    if obj.get("apiVersion") == res.api_version:
+        return obj
+    return {**obj, "apiVersion": res.api_version}
 
 
 async def _body(request: web.Request) -> Any:
@@ -219,14 +222,27 @@ async def watch(
 
     table_version = tables.requested_version(request)
 
-    async def send(kind: str, obj: Obj) -> None:
+    def encode(kind: str, obj: Obj) -> bytes:
         body = obj if kind == "ERROR" else _serve(obj, res)
         if table_version is not None and kind != "ERROR":
             meta = {"resourceVersion": obj["metadata"]["resourceVersion"]}
             include = request.query.get("includeObject", "Metadata")
             body = tables.table(table_version, res, [body], meta, include)
-        line = json.dumps({"type": kind, "object": body}, separators=(",", ":"))
-        await response.write(line.encode() + b"\n")
+        return json.dumps({"type": kind, "object": body}, separators=(",", ":")).encode() + b"\n"
+
+    async def send(kind: str, obj: Obj) -> None:
+        await response.write(encode(kind, obj))
+
+    async def send_change(kind: str, change: store.Change) -> None:
+        if table_version is not None:
+            await send(kind, change.obj)
+            return
+        # the same line for every plain watch of this resource: encoded by the first one
+        key = f"{kind} {res.api_version}"
+        line = change.lines.get(key)
+        if line is None:
+            line = change.lines[key] = encode(kind, change.obj)
+        await response.write(line)
 
     try:
         watcher = cluster.store.watch(
@@ -236,7 +252,7 @@ async def watch(
         await send("ERROR", e.body)
         return response
     try:
-        await _pump(request, watcher, visible, send, timeout)
+        await _pump(request, watcher, visible, send_change, timeout)
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()
     except ConnectionResetError:
@@ -260,7 +276,7 @@ async def _pump(
     request: web.Request,
     watcher: store.Watcher,
     visible: Callable[[Obj | None], bool],
-    send: Callable[[str, Obj], Awaitable[None]],
+    send: Callable[[str, store.Change], Awaitable[None]],
     timeout: float,
 ) -> None:
     loop = asyncio.get_running_loop()
@@ -275,7 +291,7 @@ async def _pump(
             continue
         kind = _translate(change, visible)
         if kind is not None:
-            await send(kind, change.obj)
+            await send(kind, change)
 
 
 async def create(
@@ -296,7 +312,7 @@ async def create(
         if target.namespace is None:
             raise errors.ApiError(405, "create requires a namespace", reason="MethodNotAllowed")
         meta["namespace"] = target.namespace
-        if cluster.store.get("namespaces", "", target.namespace) is None:
+        if cluster.store.by_name("namespaces", "", target.namespace) is None:
             raise errors.not_found("namespaces", target.namespace)
     body["apiVersion"] = res.api_version
     body["kind"] = res.kind
@@ -313,7 +329,7 @@ async def item(request: web.Request, cluster: cluster_mod.Cluster, target: Targe
     ns = target.namespace or ""
     method = request.method
     if method == "GET":
-        obj = _serve(cluster.store.must_get(res.store_key, ns, name), res)
+        obj = _serve(cluster.store.must_by_name(res.store_key, ns, name), res)
         version = tables.requested_version(request)
         if version is not None:
             include = request.query.get("includeObject", "Metadata")
@@ -322,7 +338,7 @@ async def item(request: web.Request, cluster: cluster_mod.Cluster, target: Targe
         return json_response(obj)
     if method == "PUT":
         body = await _body(request)
-        before = cluster.store.get(res.store_key, ns, name)
+        before = cluster.store.by_name(res.store_key, ns, name)
         dry_run = _dry_run(request)
         obj = update(cluster, res, ns, name, body, status=False, dry_run=dry_run)
         _log_write(cluster, request, res, before, obj, mutations.Named(), dry_run=dry_run)
@@ -330,7 +346,7 @@ async def item(request: web.Request, cluster: cluster_mod.Cluster, target: Targe
     if method == "PATCH":
         patch = await _body(request)
         ctype = request.headers.get("Content-Type", "")
-        before = cluster.store.get(res.store_key, ns, name)
+        before = cluster.store.by_name(res.store_key, ns, name)
         dry_run = _dry_run(request)
         obj = apply_patch(cluster, res, ns, name, patch, ctype, status=False, dry_run=dry_run)
         named = mutations.named_in_patch(patch)
@@ -404,7 +420,7 @@ def update(
     meta["name"] = name
     if res.namespaced:
         meta["namespace"] = ns
-    old = cluster.store.must_get(res.store_key, ns, name)
+    old = cluster.store.must_by_name(res.store_key, ns, name)
     if res.store_key in WITH_STATUS:
         if status:
             body = {
@@ -435,10 +451,10 @@ def apply_patch(
     status: bool,
     dry_run: bool,
 ) -> Obj:
-    old = cluster.store.must_get(res.store_key, ns, name)
-    current_rv = old["metadata"]["resourceVersion"]
-    old["metadata"].pop("resourceVersion")
-    result = patching.apply_patch(old, patch, ctype)
+    stored = cluster.store.must_by_name(res.store_key, ns, name)
+    current_rv = stored["metadata"]["resourceVersion"]
+    meta = {key: value for key, value in stored["metadata"].items() if key != "resourceVersion"}
+    result = patching.apply_patch({**stored, "metadata": meta}, patch, ctype)
     result.setdefault("metadata", {})
     wanted = result["metadata"].get("resourceVersion")
     if wanted and wanted != current_rv:

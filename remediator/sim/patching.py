@@ -66,9 +66,12 @@ def apply_patch(target: dict[str, Any], patch: Any, content_type: str) -> dict[s
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
+    """``target`` merged with ``patch``, ``target`` left as it was. What the patch does not
+    touch is shared with ``target``, not copied: whoever keeps the result copies it (the store
+    does, on every write)."""
     if not isinstance(patch, dict):
         return values.clone(patch)
-    result = values.clone(target) if isinstance(target, dict) else {}
+    result = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
@@ -192,7 +195,8 @@ def strategic_merge(target: Any, patch: Any) -> Any:
     if directive == "delete":
         return None
     patch.pop("$retainKeys", None)
-    result: dict[str, Any] = values.clone(target) if isinstance(target, dict) else {}
+    # shared with ``target`` where the patch does not touch it, as in ``merge_patch``
+    result: dict[str, Any] = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if key.startswith("$setElementOrder/"):
             continue
@@ -216,7 +220,7 @@ def strategic_merge(target: Any, patch: Any) -> Any:
 
 
 def _merge_list(existing: Any, patch: list[Any], field: str) -> list[Any]:
-    current: list[Any] = values.clone(existing) if isinstance(existing, list) else []
+    current: list[Any] = list(existing) if isinstance(existing, list) else []
     merge_key = MERGE_KEYS[field]
     if field in PRIMITIVE_MERGE_LISTS:
         return current + [v for v in patch if v not in current]

@@ -4,6 +4,11 @@ Every mutation takes the next value of one global counter as the object's
 ``metadata.resourceVersion`` (as etcd's revision does), is appended to a bounded history and
 is fanned out to watchers. A watch started from a resource version older than the history
 gets a 410 ``Expired`` error event, as from kube-apiserver's watch cache.
+
+A stored object is never changed in place: every write stores a new object (a copy of what
+it was given), so reads that only look (``peek``, ``iter``, ``by_name``) and the changes
+fanned out to watchers share the stored objects without copying them; ``get`` and ``list``
+return copies for callers that modify what they read.
 """
 
 from __future__ import annotations
@@ -43,11 +48,17 @@ def timestamp_precise() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Change:
+    """One write, as watchers see it. ``obj`` and ``old`` are the store's own objects (never
+    changed in place, so shared without copies by every watcher): read them, never mutate."""
+
     rv: int
     store_key: str
     type: str  # ADDED, MODIFIED, DELETED
     obj: Obj
     old: Obj | None
+    lines: dict[str, bytes] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    """The watch event lines already encoded for this change, by event type: written once
+    however many watches send it."""
 
 
 class Watcher:
@@ -97,7 +108,7 @@ class Store:
         return str(self._rv)
 
     def get(self, store_key: str, namespace: str, name: str) -> Obj | None:
-        obj = self._objects[store_key].get((namespace, name))
+        obj = self.by_name(store_key, namespace, name)
         return values.clone(obj) if obj is not None else None
 
     def must_get(self, store_key: str, namespace: str, name: str) -> Obj:
@@ -146,6 +157,19 @@ class Store:
         """``get`` without the copy: callers must not mutate the object."""
         self.scanned += 1
         return self._objects[store_key].get((namespace, name))
+
+    def by_name(self, store_key: str, namespace: str, name: str) -> Obj | None:
+        """The stored object itself, as ``get`` finds it (not counted in ``scanned``: the
+        API's reads by name, not a controller's visits): callers must not mutate it."""
+        return self._objects[store_key].get((namespace, name))
+
+    def must_by_name(self, store_key: str, namespace: str, name: str) -> Obj:
+        """``by_name``, or the API's 404."""
+        obj = self.by_name(store_key, namespace, name)
+        if obj is None:
+            res = resources.by_store_key(store_key)
+            raise errors.not_found(res.name, name, group=res.group)
+        return obj
 
     def _index_pod(self, obj: Obj | None, *, add: bool) -> None:
         if obj is None:
@@ -302,13 +326,8 @@ class Store:
             self._index_pod(old if kind != "DELETED" else obj, add=False)
             if kind != "DELETED":
                 self._index_pod(obj, add=True)
-        change = Change(
-            int(obj["metadata"]["resourceVersion"]),
-            store_key,
-            kind,
-            values.clone(obj),
-            values.clone(old) if old is not None else None,
-        )
+        # no copies: a stored object is never changed in place (every write stores a new one)
+        change = Change(int(obj["metadata"]["resourceVersion"]), store_key, kind, obj, old)
         self.history.append(change)
         for watcher in list(self.watchers):
             if watcher.wants(change):
@@ -324,7 +343,7 @@ class Store:
         if not since or since == "0":
             for obj in self.iter(store_key, namespace):
                 rv = int(obj["metadata"]["resourceVersion"])
-                watcher.queue.put_nowait(Change(rv, store_key, "ADDED", values.clone(obj), None))
+                watcher.queue.put_nowait(Change(rv, store_key, "ADDED", obj, None))
         else:
             try:
                 start = int(since)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from remediator.sim import errors, patching, selectors
@@ -58,6 +60,38 @@ def test_merge_patch_replaces_lists_and_removes_nulls() -> None:
     )
     assert "taints" not in result["spec"]
     assert result["metadata"]["labels"] == {"a": "1"}
+
+
+@pytest.mark.parametrize(
+    ("ctype", "patch"),
+    [
+        (patching.MERGE, {"metadata": {"labels": {"a": None, "c": {"deep": ["v"]}}}}),
+        (
+            patching.STRATEGIC,
+            {
+                "metadata": {"labels": {"a": None, "c": {"deep": ["v"]}}},
+                "status": {"conditions": [{"type": "Ready", "status": "False", "x": ["v"]}]},
+            },
+        ),
+        (patching.JSON_PATCH, [{"op": "add", "path": "/metadata/labels/c", "value": ["v"]}]),
+    ],
+)
+def test_a_patch_leaves_its_target_and_body_alone_and_its_result_shares_no_body_value(
+    ctype: str, patch: object
+) -> None:
+    """A patch changes neither its target nor its body. Its result may share what the patch
+    did not touch with the target (the store copies what it keeps), never a body's value."""
+    target = copy.deepcopy(NODE)
+    body = copy.deepcopy(patch)
+    result = patching.apply_patch(target, body, ctype)
+    assert target == NODE
+    assert body == patch
+    labels = result["metadata"]["labels"]
+    new = labels["c"]["deep"] if isinstance(labels["c"], dict) else labels["c"]
+    new.append("changed")
+    assert body == patch
+    result["metadata"]["labels"]["b"] = "changed"  # a merged level is the result's own
+    assert target == NODE
 
 
 def test_json_patch_operations_and_failures() -> None:
