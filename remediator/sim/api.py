@@ -320,7 +320,7 @@ async def create(
         pods.prepare_new_pod(body)
     if _dry_run(request):
         return json_response(body, 201)
-    created = cluster.store.create(res.store_key, body)
+    created = cluster.store.create(res.store_key, body, shared=True)
     return json_response(_serve(created, res), 201)
 
 
@@ -409,6 +409,8 @@ def update(
     status: bool,
     dry_run: bool,
 ) -> Obj:
+    """Replace the object with ``body``: the object as stored, the store's own (to answer
+    with, not to change)."""
     if not isinstance(body, dict):
         raise errors.ApiError(400, "the request body must be an object")
     meta = body.setdefault("metadata", {})
@@ -437,7 +439,8 @@ def update(
         if rv and rv != old["metadata"]["resourceVersion"]:
             raise errors.conflict(res.name, name, group=res.group)
         return {**body, "kind": old["kind"]}
-    return cluster.store.update(res.store_key, body)
+    # (every caller only answers with it, and logs what changed)
+    return cluster.store.update(res.store_key, body, shared=True)
 
 
 def apply_patch(

@@ -204,7 +204,9 @@ class Store:
         self._rv += 1
         return str(self._rv)
 
-    def create(self, store_key: str, obj: Obj) -> Obj:
+    def create(self, store_key: str, obj: Obj, *, shared: bool = False) -> Obj:
+        """Store a new object (a copy of ``obj``) and return it: a copy, or with ``shared``
+        the stored object itself, for a caller that only reads it (the API answering)."""
         obj = values.clone(obj)
         meta = obj.setdefault("metadata", {})
         res = resources.by_store_key(store_key)
@@ -228,10 +230,14 @@ class Store:
         obj.setdefault("apiVersion", res.api_version)
         self._objects[store_key][(namespace, name)] = obj
         self._emit(store_key, "ADDED", obj, None)
-        return values.clone(obj)
+        return obj if shared else values.clone(obj)
 
-    def update(self, store_key: str, obj: Obj, *, check_rv: bool = True) -> Obj:
-        """Replace an object; a non-empty ``metadata.resourceVersion`` is a precondition."""
+    def update(
+        self, store_key: str, obj: Obj, *, check_rv: bool = True, shared: bool = False
+    ) -> Obj:
+        """Replace an object (by a copy of ``obj``); a non-empty ``metadata.resourceVersion``
+        is a precondition. Returns the object as stored: a copy, or with ``shared`` the
+        stored object itself, for a caller that only reads it (as ``create``)."""
         obj = values.clone(obj)
         res = resources.by_store_key(store_key)
         meta = obj.setdefault("metadata", {})
@@ -256,11 +262,11 @@ class Store:
         obj["apiVersion"] = old["apiVersion"]
         meta["resourceVersion"] = old["metadata"]["resourceVersion"]
         if obj == old:
-            return values.clone(old)  # no-op writes keep their resourceVersion
+            return old if shared else values.clone(old)  # no-op writes keep their version
         meta["resourceVersion"] = self._next_rv()
         self._objects[store_key][(namespace, name)] = obj
         self._emit(store_key, "MODIFIED", obj, old)
-        return values.clone(obj)
+        return obj if shared else values.clone(obj)
 
     def mutate(self, store_key: str, namespace: str, name: str, fn: Callable[[Obj], None]) -> Obj:
         """Read-modify-write without a precondition (for controllers)."""

@@ -2,7 +2,7 @@
 
 A write stores a new object and never changes an old one in place, so a watch event carries
 the stored object itself, every watch of the resource sends the same encoded line, and a
-PATCH copies the node only where it has to: what the store keeps and what it answers.
+write copies the object once: what the store keeps, which the API answers with.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _is_node(value: object) -> bool:
     return isinstance(value, dict) and value.get("kind") == "Node"
 
 
-async def test_a_node_patch_copies_the_node_twice_at_most(
+async def test_a_node_patch_copies_the_node_once(
     sim_server: testing.RunningSim, core: client.CoreV1Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     copies: list[str] = []
@@ -37,14 +37,40 @@ async def test_a_node_patch_copies_the_node_twice_at_most(
     before = sim_server.store.peek("nodes", "", "gpu-node-01")
     assert before is not None
     await core.patch_node("gpu-node-01", {"metadata": {"labels": {"patched": "yes"}}})
-    # the one the store keeps and the one it answers with; none for the watch, the patch,
-    # the precondition or the mutation log
-    assert copies == ["gpu-node-01"] * 2
+    # the one the store keeps; none for the answer, the watch, the patch, the precondition
+    # or the mutation log
+    assert copies == ["gpu-node-01"]
     after = sim_server.store.peek("nodes", "", "gpu-node-01")
     assert after is not None
     assert after["metadata"]["labels"]["patched"] == "yes"
     assert "patched" not in before["metadata"]["labels"]  # the old object is as it was
     assert after["status"] == before["status"]
+
+
+async def test_an_event_created_is_copied_once_and_answered_as_stored(
+    sim_server: testing.RunningSim, core: client.CoreV1Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copies: list[str] = []
+    clone = values.clone
+
+    def counting(value: Any) -> Any:
+        if isinstance(value, dict) and value.get("kind") == "Event":
+            copies.append(value["metadata"]["name"])
+        return clone(value)
+
+    monkeypatch.setattr(values, "clone", counting)
+    body = client.CoreV1Event(
+        metadata=client.V1ObjectMeta(name="gpu-node-01.once"),
+        involved_object=client.V1ObjectReference(kind="Node", name="gpu-node-01"),
+        reason="Cordoned",
+        message="m",
+    )
+    answered = await core.create_namespaced_event("default", body)
+    assert copies == ["gpu-node-01.once"]  # the one the store keeps
+    stored = sim_server.store.peek("events", "default", "gpu-node-01.once")
+    assert stored is not None
+    assert answered.metadata.resource_version == stored["metadata"]["resourceVersion"]
+    assert answered.metadata.uid == stored["metadata"]["uid"]
 
 
 async def test_a_change_carries_the_stored_objects_which_later_writes_leave_alone(
