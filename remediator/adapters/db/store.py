@@ -501,9 +501,14 @@ _GUARD_STATE = (
     sa.select(G.c.value).where(G.c.key == sa.bindparam("w_key")),
     sa.select(G.c.value).where(G.c.key == sa.bindparam("w_key")).with_for_update(),
 )
-_RECORD_DISRUPTION = tuple(
-    insert(D).on_conflict_do_nothing(index_elements=[D.c.run_id, D.c.node])
-    for insert in (sqlite.insert, postgresql.insert)
+# (Postgres: RETURNING, which nothing reads, makes it one multi-row INSERT. SQLAlchemy sends
+# an INSERT ... ON CONFLICT without RETURNING through psycopg2's executemany, which is one
+# statement and one round trip a row: a storm's pass sent a thousand.)
+_RECORD_DISRUPTION = (
+    sqlite.insert(D).on_conflict_do_nothing(index_elements=[D.c.run_id, D.c.node]),
+    postgresql.insert(D)
+    .on_conflict_do_nothing(index_elements=[D.c.run_id, D.c.node])
+    .returning(D.c.run_id),
 )
 _HELD_KEYS = sa.select(L.c.key).where(
     L.c.key.startswith(sa.bindparam("w_prefix")),
@@ -1285,7 +1290,7 @@ class SqlTx:
         if self._disrupting:
             disrupting, self._disrupting = self._disrupting, []
             self.conn.disrupting = False
-            self.conn.conn.execute(_RECORD_DISRUPTION[self.db.is_postgres], disrupting)
+            self.conn.conn.execute(_RECORD_DISRUPTION[self.db.is_postgres], disrupting).close()
         holding, self._holding = self._holding, {}
         self.conn.holding.clear()
         kinds: dict[_Kind, list[tuple[int, _Held]]] = {}

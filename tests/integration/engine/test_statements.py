@@ -119,6 +119,50 @@ async def test_a_guard_decision_counts_the_disrupted_nodes_without_reading_them(
         await db.dispose()
 
 
+async def test_a_transactions_disruptions_are_written_by_one_statement(
+    database_url: str,
+) -> None:
+    """A storm's pass records a disruption for each node it cordons. They are held and
+    written together: one INSERT, never the driver's executemany (psycopg2's sends one
+    statement, and waits one round trip, a row)."""
+    db = database.Database(database_url)
+    await migrate.upgrade(db)
+    store = sql_store.SqlStore(db, clock=lambda: NOW)
+    inserts: list[tuple[str, str]] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, params: Any, ctx: Any, many: bool) -> None:
+        if statement.lstrip().startswith("INSERT INTO disruptions"):
+            inserts.append((statement, ctx.execute_style.name))
+
+    try:
+        run_id = await store.run("prepare", lambda tx: tx.insert_run(new_run(), actor="test"))
+
+        def disrupt(tx: sql_store.SqlTx) -> None:
+            for n in range(40):
+                tx.record_disruption(run_id=run_id, node=f"node-{n}", pool="a")
+            tx.record_disruption(run_id=run_id, node="node-3", pool="a")  # recorded already
+
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", seen)
+        try:
+            await store.run("storm", disrupt)
+        finally:
+            sa.event.remove(sa.engine.Engine, "before_cursor_execute", seen)
+        if db.is_postgres:  # one statement of 41 rows, not psycopg2's executemany
+            assert [style for _, style in inserts] == ["INSERTMANYVALUES"]
+            assert inserts[0][0].count("), (") == 40
+        else:
+            assert len(inserts) == 1  # (SQLite's executemany is a loop in its own process)
+
+        def read(tx: sql_store.SqlTx) -> int:
+            return tx.guard_snapshot(
+                node=None, since=NOW, disruptive_playbooks=[], gpu_nodes=None, pool="a"
+            ).disrupted_nodes.__len__()
+
+        assert await store.run("read", read) == 40
+    finally:
+        await db.dispose()
+
+
 async def test_a_snapshots_disrupted_nodes_refuse_to_be_read_after_their_transaction(
     database_url: str,
 ) -> None:
