@@ -112,11 +112,7 @@ class Store:
         return values.clone(obj) if obj is not None else None
 
     def must_get(self, store_key: str, namespace: str, name: str) -> Obj:
-        obj = self.get(store_key, namespace, name)
-        if obj is None:
-            res = resources.by_store_key(store_key)
-            raise errors.not_found(res.name, name, group=res.group)
-        return obj
+        return values.clone(self.must_by_name(store_key, namespace, name))
 
     def list(self, store_key: str, namespace: str | None = None) -> list[Obj]:
         return [values.clone(o) for o in self.iter(store_key, namespace)]

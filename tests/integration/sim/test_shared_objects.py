@@ -18,22 +18,24 @@ from kubernetes_asyncio import client
 from remediator.sim import api, testing, values
 
 
-def _is_node(value: object) -> bool:
-    return isinstance(value, dict) and value.get("kind") == "Node"
+def _copies(monkeypatch: pytest.MonkeyPatch, kind: str) -> list[str]:
+    """The names of the objects of ``kind`` copied from now on (at ``values.clone``)."""
+    copies: list[str] = []
+    clone = values.clone
+
+    def counting(value: Any) -> Any:
+        if isinstance(value, dict) and value.get("kind") == kind:
+            copies.append(value["metadata"]["name"])
+        return clone(value)
+
+    monkeypatch.setattr(values, "clone", counting)
+    return copies
 
 
 async def test_a_node_patch_copies_the_node_once(
     sim_server: testing.RunningSim, core: client.CoreV1Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    copies: list[str] = []
-    clone = values.clone
-
-    def counting(value: Any) -> Any:
-        if _is_node(value):
-            copies.append(value["metadata"]["name"])
-        return clone(value)
-
-    monkeypatch.setattr(values, "clone", counting)
+    copies = _copies(monkeypatch, "Node")
     before = sim_server.store.peek("nodes", "", "gpu-node-01")
     assert before is not None
     await core.patch_node("gpu-node-01", {"metadata": {"labels": {"patched": "yes"}}})
@@ -50,15 +52,7 @@ async def test_a_node_patch_copies_the_node_once(
 async def test_an_event_created_is_copied_once_and_answered_as_stored(
     sim_server: testing.RunningSim, core: client.CoreV1Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    copies: list[str] = []
-    clone = values.clone
-
-    def counting(value: Any) -> Any:
-        if isinstance(value, dict) and value.get("kind") == "Event":
-            copies.append(value["metadata"]["name"])
-        return clone(value)
-
-    monkeypatch.setattr(values, "clone", counting)
+    copies = _copies(monkeypatch, "Event")
     body = client.CoreV1Event(
         metadata=client.V1ObjectMeta(name="gpu-node-01.once"),
         involved_object=client.V1ObjectReference(kind="Node", name="gpu-node-01"),
