@@ -57,8 +57,8 @@ class Change:
     obj: Obj
     old: Obj | None
     lines: dict[str, bytes] = dataclasses.field(default_factory=dict, compare=False, repr=False)
-    """The watch event lines already encoded for this change, by event type: written once
-    however many watches send it."""
+    """The watch event lines already encoded for this change, by event type and the
+    ``apiVersion`` it is served as: encoded once however many watches send it."""
 
 
 class Watcher:
@@ -152,7 +152,7 @@ class Store:
     def peek(self, store_key: str, namespace: str, name: str) -> Obj | None:
         """``get`` without the copy: callers must not mutate the object."""
         self.scanned += 1
-        return self._objects[store_key].get((namespace, name))
+        return self.by_name(store_key, namespace, name)
 
     def by_name(self, store_key: str, namespace: str, name: str) -> Obj | None:
         """The stored object itself, as ``get`` finds it (not counted in ``scanned``: the

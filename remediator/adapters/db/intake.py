@@ -225,7 +225,7 @@ class IntakeWriter:
             )
             for d in batch
         ]
-        ids = self._insert(conn, now, rows, self._macs(now, rows))
+        ids = self._insert(conn, now, rows)
         episodes, first_delivery = _merge_episodes(batch, ids, now, known)
         changed_keys: set[_Key] = set()
         firing: list[_Key] = []
@@ -279,23 +279,15 @@ class IntakeWriter:
                     resolved.append(key)
         return firing, resolved
 
-    def _macs(self, now: dt.datetime, rows: list[tuple[Any, ...]]) -> list[str | None]:
-        """Each row's MAC with the audit key, or None without a key."""
-        keys = self.keys
-        if keys is None:
-            return [None] * len(rows)
-        named = (dict(zip(_DELIVERY_COLUMNS[:-1], (now, *row), strict=True)) for row in rows)
-        return [audit.mac(keys, audit.delivery_text(row)) for row in named]
+    def _mac(self, row: dict[str, Any]) -> str | None:
+        """A named delivery row's MAC with the audit key, or None without a key."""
+        return None if self.keys is None else audit.mac(self.keys, audit.delivery_text(row))
 
     def _insert(
-        self,
-        conn: sa.Connection,
-        now: dt.datetime,
-        rows: list[tuple[Any, ...]],
-        macs: list[str | None],
+        self, conn: sa.Connection, now: dt.datetime, rows: list[tuple[Any, ...]]
     ) -> list[int]:
         """Insert the delivery rows (``_DELIVERY_COLUMNS`` but the first and the MAC), received
-        ``now``; their ids, in order.
+        ``now``, each with its MAC; their ids, in order.
 
         SQLite cannot tie the ids of one multi-row INSERT to its rows, so SQLAlchemy's ordered
         RETURNING falls back to one INSERT a delivery there. This transaction holds SQLite's
@@ -306,12 +298,14 @@ class IntakeWriter:
         once): SQLAlchemy's per-row parameter processing cost more than SQLite's insert.
         Postgres takes ordered RETURNING in one statement as it is.
         """
+        named = (dict(zip(_DELIVERY_COLUMNS[:-1], (now, *row), strict=True)) for row in rows)
         if not self.db.is_sqlite:
-            named = [
-                dict(zip(_DELIVERY_COLUMNS, (now, *row, mac), strict=True))
-                for row, mac in zip(rows, macs, strict=True)
-            ]
-            return [row.id for row in conn.execute(self._insert_deliveries, named)]
+            params = list(named)
+            for row in params:
+                row["mac"] = self._mac(row)  # (of the row without it)
+            return [row.id for row in conn.execute(self._insert_deliveries, params)]
+        # (named rows only for the MACs: SQLite's go out as tuples)
+        macs = [self._mac(row) for row in named] if self.keys is not None else [None] * len(rows)
         received_at = _SQLITE_RECEIVED_AT(now)
         first = (conn.exec_driver_sql(_LAST_DELIVERY).scalar_one() or 0) + 1
         ids = list(range(first, first + len(rows)))

@@ -154,9 +154,10 @@ async def test_a_transactions_disruptions_are_written_by_one_statement(
             assert len(inserts) == 1  # (SQLite's executemany is a loop in its own process)
 
         def read(tx: sql_store.SqlTx) -> int:
-            return tx.guard_snapshot(
+            snapshot = tx.guard_snapshot(
                 node=None, since=NOW, disruptive_playbooks=[], gpu_nodes=None, pool="a"
-            ).disrupted_nodes.__len__()
+            )
+            return len(snapshot.disrupted_nodes)
 
         assert await store.run("read", read) == 40
     finally:
