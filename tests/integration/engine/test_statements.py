@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from remediator.adapters.db import database, migrate, tables
 from remediator.adapters.db import store as sql_store
+from remediator.domain import transitions
 from tests.contract.plans import new_run
 
 NOW = dt.datetime(2026, 12, 1, 12, tzinfo=dt.UTC)
@@ -160,6 +161,60 @@ async def test_a_transactions_disruptions_are_written_by_one_statement(
             return len(snapshot.disrupted_nodes)
 
         assert await store.run("read", read) == 40
+    finally:
+        await db.dispose()
+
+
+async def test_held_step_changes_are_one_statement_of_the_same_text_for_any_number(
+    database_url: str,
+) -> None:
+    """A pass's held step changes are written by one UPDATE. On Postgres its rows come as an
+    array a column: the same statement, with a parameter a column, for 3 rows or 40 (it was
+    a ``VALUES`` list of a cast placeholder a value, padded to the next of a few sizes: 40
+    rows by 4 columns sent 256 values, every one parsed and planned by Postgres and put
+    through SQLAlchemy's bind processing by the server)."""
+    db = database.Database(database_url)
+    await migrate.upgrade(db)
+    store = sql_store.SqlStore(db, clock=lambda: NOW)
+    updates: list[tuple[str, int]] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, params: Any, ctx: Any, many: bool) -> None:
+        if statement.lstrip().startswith(("UPDATE steps", "WITH v")):
+            updates.append((" ".join(statement.split()), len(params)))
+
+    def prepare(tx: sql_store.SqlTx) -> list[int]:
+        ids = [tx.insert_run(new_run(node=f"gpu-node-{n:02}"), actor="test") for n in range(43)]
+        return [run_id for run_id in ids if run_id is not None]
+
+    def hold(tx: sql_store.SqlTx, run_ids: list[int], due: dt.datetime) -> None:
+        tx.read_runs(run_ids)
+        for run_id in run_ids:
+            step = tx.steps_of_run(run_id)[0]
+            change = transitions.StepChange(
+                step=step, to=step.status, values={"due_at": due}, reason="test", event=None
+            )
+            tx.apply(change)
+
+    try:
+        run_ids = await store.run("prepare", prepare)
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", seen)
+        try:
+            await store.run("three", lambda tx: hold(tx, run_ids[:3], NOW))
+            await store.run("forty", lambda tx: hold(tx, run_ids[3:], NOW + dt.timedelta(1)))
+        finally:
+            sa.event.remove(sa.engine.Engine, "before_cursor_execute", seen)
+        assert len(updates) == 2  # one statement a transaction
+        if db.is_postgres:
+            (three, three_params), (forty, forty_params) = updates
+            assert three == forty
+            assert three_params == forty_params == 4  # id, expected status, due_at, status
+
+        def due_times(tx: sql_store.SqlTx) -> list[dt.datetime | None]:
+            tx.read_runs(run_ids)
+            return [tx.steps_of_run(run_id)[0].due_at for run_id in run_ids]
+
+        due = await store.run("read", due_times)
+        assert due == [NOW] * 3 + [NOW + dt.timedelta(1)] * 40
     finally:
         await db.dispose()
 
