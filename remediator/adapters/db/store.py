@@ -487,8 +487,10 @@ _PROBE = sa.select(
 
 
 #: How long an engine transaction may go on while the webhook waits for SQLite's writer
-#: (``SqlTx.should_yield``).
+#: (``SqlTx.should_yield``), doubled for each transaction in a row that gave way, up to
+#: ``2 ** YIELD_DOUBLINGS`` times, and back once one did not.
 YIELD_AFTER = 0.015
+YIELD_DOUBLINGS = 2
 _LIMIT = sa.bindparam("w_limit", type_=sa.Integer)
 
 
@@ -698,18 +700,22 @@ class SqlStore:
         self.db = db
         self.clock = clock
         self.keys = keys
+        self.gave_way = 0  # transactions in a row that gave way to the webhook
 
     async def run(self, operation: str, work: Callable[[SqlTx], T]) -> T:
         """Run ``work(tx)`` in one write transaction; committed if it returns."""
         now = self.clock()
 
         def in_transaction(conn: sa.Connection) -> T:
-            tx = SqlTx(conn, db=self.db, now=now, keys=self.keys)
+            budget = YIELD_AFTER * 2 ** min(self.gave_way, YIELD_DOUBLINGS)
+            tx = SqlTx(conn, db=self.db, now=now, keys=self.keys, yield_after=budget)
             try:
                 result = work(tx)
                 tx.flush()
             finally:
                 tx.closed = True
+            if tx.asked_to_yield:  # (SQLite: one transaction at a time, on the writer's thread)
+                self.gave_way = self.gave_way + 1 if tx.gave_way else 0
             return result
 
         return await self.db.write_sync(operation, in_transaction)
@@ -815,6 +821,7 @@ class SqlTx:
         now: dt.datetime,
         keys: audit.AuditKeys | None = None,
         locking: bool = True,
+        yield_after: float | None = None,
     ) -> None:
         self.conn = _Barrier(conn, self.write_pending)
         self.db = db
@@ -822,6 +829,9 @@ class SqlTx:
         self.keys = keys
         self.locking = locking  # False: a read that must not hold guard rows (``read``)
         self._started = time.perf_counter()
+        self.yield_after = YIELD_AFTER if yield_after is None else yield_after
+        self.asked_to_yield = False  # whether the work asked ``should_yield``
+        self.gave_way = False  # and was told to
         self.closed = False
         self._fleet_guards: dict[Any, tuple[_DisruptedNodes, dict[str, Any], int]] = {}
         # Events wait here until ``flush``: the chain head is locked (Postgres ``FOR UPDATE``)
@@ -967,8 +977,19 @@ class SqlTx:
         64 due ones) and commit: the engine fell behind at 100 alerts/s while idle most of
         each pass. 15 ms lets a pass finish a batch (100 alerts/s: reaction p50 24 ms, was
         2 s) while a webhook commit still waits less than that (intake p99 at half load
-        14 ms)."""
-        return self.db.writers_waiting() and time.perf_counter() - self._started >= YIELD_AFTER
+        14 ms).
+
+        A transaction that gives way lengthens the next one's time (``SqlStore.run``): under
+        more webhook traffic than 15 ms passes keep up with, every pass gave way, and each
+        cut pass cost the next a probe, a read of the new episodes and a transaction of its
+        own, so the engine's CPU an alert rose as it fell behind and it fell further. At 130
+        alerts/s in a slow hour the server spent 11.9-13.0 ms of CPU an alert and the
+        reaction p50 was 14-17 s; with the doubling, 8.1-8.3 ms and 2.1-2.4 s, in a quarter of
+        the passes. While the engine catches up a webhook commit may wait up to 60 ms."""
+        self.asked_to_yield = True
+        if self.db.writers_waiting() and time.perf_counter() - self._started >= self.yield_after:
+            self.gave_way = True
+        return self.gave_way
 
     def flush(self) -> None:
         """Write held changes, seal rows no event sealed, then link the transaction's

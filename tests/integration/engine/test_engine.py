@@ -3,6 +3,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import time
 from unittest import mock
 
 import pytest
@@ -493,6 +494,42 @@ async def test_an_engine_batch_gives_way_to_a_waiting_webhook_commit(make_harnes
         # within its budget (or on Postgres, whose writers do not queue behind each other)
         assert created_first == 3
     assert not await h.engine.handle_episodes()
+
+
+async def test_a_transaction_that_gave_way_gives_the_next_one_longer(make_harness):
+    """Under more webhook traffic than short passes keep up with, every pass gave way, and
+    each cut pass cost the next a probe and a transaction of its own: the engine's CPU an
+    alert rose as it fell behind. A transaction that gave way doubles the next one's time
+    (up to four times), and one that did not ask, or was not told to, brings it back."""
+    h = await make_harness(TWO_STEPS)
+    store, db = h.store, h.store.db
+    budgets: list[float] = []
+
+    def work(tx, *, hold: float = 0.0, ask: bool = True):
+        budgets.append(tx.yield_after)
+        time.sleep(hold)
+        return tx.should_yield() if ask else None
+
+    lock = db._write_lock
+    if lock is not None:
+        lock.urgent_waiting += 1  # as while a webhook commit waits for SQLite's one writer
+    try:
+        with mock.patch.object(sql_store, "YIELD_AFTER", 0.05):
+            gave_way = [await store.run("pass", lambda tx: work(tx, hold=0.25)) for _ in range(4)]
+            await store.run("finish", lambda tx: work(tx, ask=False))  # asks nothing: no change
+            # 0.1 s is past the base time, within the lengthened one
+            within = await store.run("pass", lambda tx: work(tx, hold=0.1))
+            await store.run("pass", lambda tx: work(tx))
+    finally:
+        if lock is not None:
+            lock.urgent_waiting -= 1
+    if db.is_sqlite:
+        assert gave_way == [True] * 4
+        assert within is False
+        assert budgets == pytest.approx([0.05, 0.1, 0.2, 0.2, 0.2, 0.2, 0.05])
+    else:  # Postgres's writers do not queue behind each other: nothing waits, nothing gives way
+        assert gave_way == [False] * 4
+        assert budgets == pytest.approx([0.05] * 7)
 
 
 async def test_each_stage_reads_its_runs_context_in_batch_not_per_run(make_harness):
