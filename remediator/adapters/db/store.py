@@ -700,14 +700,14 @@ class SqlStore:
         self.db = db
         self.clock = clock
         self.keys = keys
-        self.gave_way = 0  # transactions in a row that gave way to the webhook
+        self.gave_way_in_a_row = 0  # transactions that gave way to the webhook, in a row
 
     async def run(self, operation: str, work: Callable[[SqlTx], T]) -> T:
         """Run ``work(tx)`` in one write transaction; committed if it returns."""
         now = self.clock()
 
         def in_transaction(conn: sa.Connection) -> T:
-            budget = YIELD_AFTER * 2 ** min(self.gave_way, YIELD_DOUBLINGS)
+            budget = YIELD_AFTER * 2 ** min(self.gave_way_in_a_row, YIELD_DOUBLINGS)
             tx = SqlTx(conn, db=self.db, now=now, keys=self.keys, yield_after=budget)
             try:
                 result = work(tx)
@@ -715,7 +715,7 @@ class SqlStore:
             finally:
                 tx.closed = True
             if tx.asked_to_yield:  # (SQLite: one transaction at a time, on the writer's thread)
-                self.gave_way = self.gave_way + 1 if tx.gave_way else 0
+                self.gave_way_in_a_row = self.gave_way_in_a_row + 1 if tx.gave_way else 0
             return result
 
         return await self.db.write_sync(operation, in_transaction)
