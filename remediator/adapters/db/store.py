@@ -203,10 +203,17 @@ _UNWRITTEN = _Unwritten()
 _POSTGRES = postgresql.psycopg2.dialect()  # type: ignore[no-untyped-call]
 
 
-def _held_names(kind: _Kind) -> list[str]:
+@functools.cache
+def _held_names(kind: _Kind) -> tuple[str, ...]:
     """The columns of a held update's rows: the id, what the row must still be, the values."""
-    owner = ["w_owner"] if kind.owner else []
-    return ["id", *(["w_status"] if kind.table == S.name else []), *owner, *kind.columns]
+    owner = ("w_owner",) if kind.owner else ()
+    return ("id", *(("w_status",) if kind.table == S.name else ()), *owner, *kind.columns)
+
+
+def _held_row(kind: _Kind, row_id: int, held: _Held) -> list[Any]:
+    """A held update's row, its values in the order of ``_held_names``."""
+    values = {"id": row_id, "w_status": held.status, "w_owner": held.owner, **held.values}
+    return [values[name] for name in _held_names(kind)]
 
 
 @functools.cache
@@ -255,19 +262,6 @@ def _held_update(postgres: bool, kind: _Kind, count: int) -> Any:
         return sa.text(sql).bindparams(*binds)
     returning = ", ".join(f"{table.name}.{column.name}" for column in table.c)
     return sa.text(f"{sql} RETURNING {returning}").bindparams(*binds).columns(*table.c)
-
-
-def _held_arrays(kind: _Kind, changes: list[tuple[int, _Held]]) -> dict[str, list[Any]]:
-    """The parameters of a Postgres held update: a list a column, a row's values at its
-    index in each."""
-    arrays: dict[str, list[Any]] = {"id": [row_id for row_id, _ in changes]}
-    if kind.table == S.name:
-        arrays["w_status"] = [held.status for _, held in changes]
-    if kind.owner:
-        arrays["w_owner"] = [held.owner for _, held in changes]
-    for name in kind.columns:
-        arrays[name] = [held.values[name] for _, held in changes]
-    return arrays
 
 
 def episode_from_row(row: Any) -> records.Episode:
@@ -1392,26 +1386,26 @@ class SqlTx:
 
     def _write_held(self, kind: _Kind, changes: list[tuple[int, _Held]]) -> dict[str, str]:
         """One statement for ``changes``: the digests of the rows it wrote, by id."""
+        names = _held_names(kind)
+        rows = [_held_row(kind, row_id, held) for row_id, held in changes]
         params: dict[str, Any]
-        if self.db.is_postgres:
+        if self.db.is_postgres:  # a list a column
             statement = _held_update(True, kind, 0)
-            params = _held_arrays(kind, changes)
-        else:
+            columns = zip(*rows, strict=True)
+            params = {name: list(column) for name, column in zip(names, columns, strict=True)}
+        else:  # a placeholder a value, padded with rows of id 0
             size = next(size for size in _HELD_SIZES if size >= len(changes))
             statement = _held_update(False, kind, size)
-            params = {}
-            padding = _Held(None, None, (), dict.fromkeys(kind.columns))
-            for n, (row_id, held) in enumerate([*changes, *[(0, padding)] * (size - len(changes))]):
-                params[f"id_{n}"] = row_id
-                if kind.table == S.name:
-                    params[f"w_status_{n}"] = held.status
-                if kind.owner:
-                    params[f"w_owner_{n}"] = held.owner
-                params |= {f"{name}_{n}": held.values[name] for name in kind.columns}
-        rows = self.conn.conn.execute(statement, params)
+            padding = _held_row(kind, 0, _Held(None, None, (), dict.fromkeys(kind.columns)))
+            params = {
+                f"{name}_{n}": value
+                for n, row in enumerate([*rows, *[padding] * (size - len(rows))])
+                for name, value in zip(names, row, strict=True)
+            }
+        result = self.conn.conn.execute(statement, params)
         if kind.table == E.name:
             return {}
-        return {str(row.id): audit.row_digest(kind.table, dict(row._mapping)) for row in rows}
+        return {str(row.id): audit.row_digest(kind.table, dict(row._mapping)) for row in result}
 
     def _seal_written(self, written: dict[str, dict[str, str]]) -> None:
         """The events that sealed held rows get their digests, as written."""
