@@ -470,9 +470,18 @@ def _due_steps(now: Any) -> Any:
 
 
 _NOW = sa.bindparam("now", type_=tables.UTCDateTime())
+# Whether an episode waits to be handled: the first one's id, in id order, which only the
+# partial index ``ix_alert_episodes_unhandled`` (the smallest index in that order) gives
+# without reading handled episodes. As ``EXISTS`` Postgres read every episode stored:
+# whatever ANALYZE found, it takes ``handled_status <> status`` (two columns) to hold for
+# 99.5 % of rows, so a scan "meeting one at once" went through the whole history, 18 ms a
+# probe with 10⁵ episodes, before every pass.
+_FIRST_UNHANDLED = (
+    sa.select(E.c.id).where(_unhandled_episodes()).order_by(E.c.id).limit(1).scalar_subquery()
+)
 # What kinds of engine work exist, in one read (built once: the engine asks many times a second).
 _PROBE = sa.select(
-    sa.exists(sa.select(E.c.id).where(_unhandled_episodes())).label("episodes"),
+    _FIRST_UNHANDLED.is_not(None).label("episodes"),
     sa.exists(sa.select(S.c.id).where(_expired_leases(_NOW))).label("expired"),
     sa.exists(sa.select(R.c.id).where(_startable_runs())).label("startable"),
     sa.exists(sa.select(R.c.id).where(_advanceable_runs())).label("advance"),

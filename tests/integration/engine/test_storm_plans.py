@@ -121,3 +121,123 @@ async def test_a_storm_s_probe_and_claim_read_in_proportion_to_its_due_steps(pg_
         assert read <= 6 * STORM, read
     finally:
         await db.dispose()
+
+
+def _episode(n: int, *, handled: bool = True) -> dict[str, Any]:
+    at = NOW - dt.timedelta(days=400) + dt.timedelta(seconds=n)
+    return {
+        "id": n,
+        "fingerprint": f"5eed{n:012x}",
+        "starts_at": at,
+        "alertname": "GPUXidError79",
+        "status": "resolved",
+        "handled_status": "resolved" if handled else None,
+        "labels": {"alertname": "GPUXidError79", "node": f"gpu-node-{n:05}"},
+        "annotations": {},
+        "generator_url": "http://prometheus/graph",
+        "created_at": at,
+        "resolved_at": at + dt.timedelta(minutes=5),
+    }
+
+
+def _rows_read(conn: sa.Connection, *tables_read: str) -> int:
+    """Rows of ``tables_read`` this transaction has read so far (sequentially or by index)."""
+    read = conn.execute(
+        sa.text(
+            "SELECT coalesce(sum(coalesce(idx_tup_fetch, 0) + seq_tup_read), 0) "
+            "FROM pg_stat_xact_user_tables WHERE relname = ANY(:names)"
+        ),
+        {"names": list(tables_read)},
+    ).scalar_one()
+    return int(read)
+
+
+async def _history(db: database.Database, episodes: int, *, runs_for: range) -> None:
+    """``episodes`` resolved, handled episodes, a finished run for those in ``runs_for``, and
+    statistics taken on them (what autovacuum leaves after a long history)."""
+    async with db.engine.begin() as conn:
+        await conn.execute(
+            sa.insert(tables.alert_episodes), [_episode(n) for n in range(1, episodes + 1)]
+        )
+        rows = [_run(n, runs.RunStatus.SUCCEEDED) | {"episode_id": n} for n in runs_for]
+        if rows:
+            await conn.execute(sa.insert(tables.runs), rows)
+    async with db.engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        await conn.execute(sa.text("ANALYZE alert_episodes"))
+        await conn.execute(sa.text("ANALYZE runs"))
+
+
+async def test_the_probe_finds_new_episodes_without_reading_the_handled_ones(pg_url: str) -> None:
+    """Postgres takes ``handled_status <> status`` to hold for nearly every row, whatever
+    ANALYZE found: as ``EXISTS`` the probe's "any new episode?" read every episode stored, before
+    every pass (18 ms with 10⁵)."""
+    db = database.Database(pg_url)
+    await migrate.upgrade(db)
+    try:
+        await _history(db, HISTORY, runs_for=range(0))
+
+        def probe(conn: sa.Connection) -> tuple[bool, int]:
+            found = conn.execute(sql_store._PROBE, {"now": NOW}).one()
+            return bool(found.episodes), _rows_read(conn, "alert_episodes")
+
+        found, read = await db.read_sync("probe", probe)
+        assert not found
+        assert read <= 10, read  # EXISTS: 3,000
+        async with db.engine.begin() as conn:  # then one arrives
+            await conn.execute(sa.insert(tables.alert_episodes), [_episode(HISTORY + 1) | {
+                "status": "firing", "handled_status": None, "resolved_at": None}])  # fmt: skip
+        found, read = await db.read_sync("probe", probe)
+        assert found
+        assert read <= 10, read
+    finally:
+        await db.dispose()
+
+
+async def test_a_retention_batch_reads_the_runs_of_its_episodes_not_every_run(
+    pg_url: str,
+) -> None:
+    """Whether an expired episode has a run, and an active one, is asked per episode. As
+    ``EXISTS`` Postgres answered the first for a whole batch by reading every run stored (a
+    hashed subplan), so a first pass over a long history grew with its square."""
+    from remediator.adapters.db import retention
+
+    db = database.Database(pg_url)
+    await migrate.upgrade(db)
+    try:
+        await _history(db, HISTORY, runs_for=range(1, HISTORY + 1, 2))  # every other one
+        read_runs: list[int] = []
+        write_sync = db.write_sync
+
+        async def counting(operation: str, work: Any, **kwargs: Any) -> Any:
+            def counted(conn: sa.Connection) -> Any:
+                before = _rows_read(conn, "runs")
+                try:
+                    return work(conn)
+                finally:
+                    read_runs.append(_rows_read(conn, "runs") - before)
+
+            return await write_sync(operation, counted, **kwargs)
+
+        db.write_sync = counting  # type: ignore[method-assign]
+        pruned = await retention.prune_alert_episodes(
+            db, ended_before=NOW - dt.timedelta(days=90), batch=200
+        )
+        assert pruned.deleted == HISTORY // 2  # those with no run
+        assert pruned.reduced == HISTORY // 2  # those with one, kept for it
+        # each batch: the runs of its 200 episodes, at most one read per question each
+        assert max(read_runs) <= 2 * 200, read_runs  # EXISTS: all 1,500 runs, every batch
+    finally:
+        await db.dispose()
+
+
+async def test_the_engine_s_postgres_transactions_are_not_compiled(pg_url: str) -> None:
+    """JIT compilation is off where the engine's, the webhook's and retention's statements
+    run: each reads a few rows, and a retention batch estimated over the whole history spent
+    most of its time compiling (25 functions, 50 ms for a 200-row answer)."""
+    db = database.Database(pg_url)
+    try:
+        jit = await db.read_sync("jit", lambda conn: conn.execute(sa.text("SHOW jit")).scalar())
+        assert jit == "off"
+    finally:
+        await db.dispose()
