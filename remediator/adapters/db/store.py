@@ -408,13 +408,22 @@ def _startable_runs() -> Any:
     )
 
 
+def _one_of(select: sa.Select[Any]) -> Any:
+    """The first row's value of a correlated ``select``, or NULL: asked once per row of the
+    outer query, from the index the correlation names. Postgres never turns a scalar subquery
+    into a join or a hashed subplan, as it may an ``EXISTS``, whose choice follows statistics:
+    statistics taken in the middle of a storm (many runs running) made the advance check a hash
+    of every step stored, built again in every probe of the quiet spell after it."""
+    return select.limit(1).scalar_subquery()
+
+
 def _resolved_alert_run() -> Any:
     """The run answers an alert that resolved, and its playbook does not say ``continue``."""
-    resolved = sa.exists(
+    resolved = _one_of(
         sa.select(E.c.id).where(
             E.c.id == R.c.episode_id, E.c.status == alerts.AlertStatus.RESOLVED.value
         )
-    )
+    ).is_not(None)
     return sa.and_(R.c.kind == runs.RunKind.ALERT.value, R.c.on_resolve != "continue", resolved)
 
 
@@ -435,8 +444,8 @@ def _advanceable_runs() -> Any:
     return sa.and_(
         _Rare(R.c.status == runs.RunStatus.RUNNING.value),
         sa.or_(
-            ~sa.exists(active_step),
-            sa.and_(_resolved_alert_run(), ~sa.exists(running_step)),
+            _one_of(active_step).is_(None),
+            sa.and_(_resolved_alert_run(), _one_of(running_step).is_(None)),
         ),
     )
 
@@ -470,22 +479,31 @@ def _due_steps(now: Any) -> Any:
 
 
 _NOW = sa.bindparam("now", type_=tables.UTCDateTime())
-# Whether an episode waits to be handled: the first one's id, in id order, which only the
-# partial index ``ix_alert_episodes_unhandled`` (the smallest index in that order) gives
-# without reading handled episodes. As ``EXISTS`` Postgres read every episode stored:
-# whatever ANALYZE found, it takes ``handled_status <> status`` (two columns) to hold for
-# 99.5 % of rows, so a scan "meeting one at once" went through the whole history, 18 ms a
-# probe with 10⁵ episodes, before every pass.
-_FIRST_UNHANDLED = (
-    sa.select(E.c.id).where(_unhandled_episodes()).order_by(E.c.id).limit(1).scalar_subquery()
-)
 # What kinds of engine work exist, in one read (built once: the engine asks many times a second).
+# Each "is there any?" is the first row in the order of the partial index that holds exactly
+# those rows (for runs ``ix_runs_active``), which is then the only cheap way to it. As
+# ``EXISTS``, Postgres chose by its statistics, and where they said such rows were common it
+# scanned the table expecting to meet one at once: with none there, every episode, run or step
+# stored, before every pass and once a second when idle (18 ms a probe with 10⁵ episodes). It
+# takes ``handled_status <> status`` (two columns) to hold for 99.5 % of rows whatever ANALYZE
+# found; and statistics taken during a storm (most runs running, most steps due) stay through
+# the quiet spell after it, which changes too little to have them taken again.
 _PROBE = sa.select(
-    _FIRST_UNHANDLED.is_not(None).label("episodes"),
-    sa.exists(sa.select(S.c.id).where(_expired_leases(_NOW))).label("expired"),
-    sa.exists(sa.select(R.c.id).where(_startable_runs())).label("startable"),
-    sa.exists(sa.select(R.c.id).where(_advanceable_runs())).label("advance"),
-    sa.exists(sa.select(S.c.id).where(_due_steps(_NOW))).label("due"),
+    _one_of(sa.select(E.c.id).where(_unhandled_episodes()).order_by(E.c.id))
+    .is_not(None)
+    .label("episodes"),
+    _one_of(sa.select(S.c.id).where(_expired_leases(_NOW)).order_by(S.c.lease_expires_at))
+    .is_not(None)
+    .label("expired"),
+    _one_of(sa.select(R.c.id).where(_startable_runs()).order_by(R.c.id))
+    .is_not(None)
+    .label("startable"),
+    _one_of(sa.select(R.c.id).where(_advanceable_runs()).order_by(R.c.id))
+    .is_not(None)
+    .label("advance"),
+    _one_of(sa.select(S.c.id).where(_due_steps(_NOW)).order_by(S.c.due_at))
+    .is_not(None)
+    .label("due"),
 )
 
 

@@ -118,6 +118,16 @@ runs = sa.Table(
     sa.Index("ix_runs_status", "status", "id"),
     sa.Index("ix_runs_node", "node", "created_at"),
     sa.Index("ix_runs_playbook", "playbook", "created_at"),
+    # The unfinished runs in id order: the engine's "a pending (running) run?" and its claims
+    # read them here whatever the statistics say (migration 0009). On the status index
+    # Postgres chose by its statistics, and in ones taken during a storm (most runs running)
+    # it scanned every run stored once the storm was over, in every probe.
+    sa.Index(
+        "ix_runs_active",
+        "id",
+        sqlite_where=sa.text("status IN ('pending', 'running', 'waiting_approval')"),
+        postgresql_where=sa.text("status IN ('pending', 'running', 'waiting_approval')"),
+    ),
 )
 
 steps = sa.Table(

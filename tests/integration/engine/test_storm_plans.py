@@ -7,6 +7,7 @@ every due step for it, the run's id only a filter: a storm of N read N² rows a 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -15,7 +16,7 @@ import sqlalchemy as sa
 
 from remediator.adapters.db import database, migrate, tables
 from remediator.adapters.db import store as sql_store
-from remediator.domain import runs
+from remediator.domain import records, runs
 
 pytestmark = pytest.mark.postgres
 
@@ -239,5 +240,42 @@ async def test_the_engine_s_postgres_transactions_are_not_compiled(pg_url: str) 
     try:
         jit = await db.read_sync("jit", lambda conn: conn.execute(sa.text("SHOW jit")).scalar())
         assert jit == "off"
+    finally:
+        await db.dispose()
+
+
+async def test_a_quiet_spell_s_probe_reads_no_step_of_the_storm_before_it(pg_url: str) -> None:
+    """Statistics taken during a storm (autovacuum analyses a table once a tenth of it changed:
+    in the middle of one, most runs running, most steps due) stay until the next tenth
+    changes, which a quiet spell never brings. On them Postgres answered the probe's "is a run
+    ready to advance?" with a hash of every step stored (an ``EXISTS`` made a hashed subplan),
+    built again in every probe, once a second, for as long as the quiet lasted."""
+    db = database.Database(pg_url)
+    await migrate.upgrade(db)
+    try:
+        storm = range(1, HISTORY + 1)
+        due = NOW - dt.timedelta(seconds=1)
+        async with db.engine.begin() as conn:  # the storm, as autovacuum saw it
+            await conn.execute(
+                sa.insert(tables.runs), [_run(n, runs.RunStatus.RUNNING) for n in storm]
+            )
+            await conn.execute(
+                sa.insert(tables.steps), [_step(n, runs.StepStatus.PENDING, due) for n in storm]
+            )
+        async with db.engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await conn.execute(sa.text("ANALYZE runs"))
+            await conn.execute(sa.text("ANALYZE steps"))
+        async with db.engine.begin() as conn:  # then it ends
+            await conn.execute(sa.update(tables.steps).values(status="succeeded", due_at=None))
+            await conn.execute(sa.update(tables.runs).values(status="succeeded"))
+
+        def probe(conn: sa.Connection) -> tuple[records.Probe, int]:
+            found = conn.execute(sql_store._PROBE, {"now": NOW}).one()
+            return records.Probe(**found._mapping), _rows_read(conn, "runs", "steps")
+
+        found, read = await db.read_sync("probe", probe)
+        assert not any(dataclasses.astuple(found))
+        assert read <= 10, read  # EXISTS: every step (hashed, or scanned for a due one), 6,000
     finally:
         await db.dispose()
