@@ -1,9 +1,11 @@
 """Stored history for the cost-growth and memory benchmarks, inserted in bulk into a fresh
-SQLite database: alert episodes, each with the finished two-step cordon run it started.
+database: alert episodes, each with the finished two-step cordon run it started.
 
 ``open_count`` of them are still firing (handled: their run finished, the alert has not
 resolved), the rest resolved. Ids are given explicitly, which SQLite's rowid allocation
-continues from; the server's own episodes and runs then follow the seeded ones.
+continues from (on Postgres each table's sequence is moved past them); the server's own
+episodes and runs then follow the seeded ones. Statistics are taken at the end, as
+autovacuum would have after a long history.
 """
 
 from __future__ import annotations
@@ -97,12 +99,20 @@ async def _seed(url: str, count: int, open_count: int) -> None:
             await conn.execute(sa.insert(tables.runs), runs)
             await conn.execute(sa.insert(tables.steps), steps)
     async with db.write("bench.analyze") as conn:
+        if db.is_postgres:
+            for table in (tables.alert_episodes, tables.runs, tables.steps):
+                await conn.execute(
+                    sa.select(
+                        sa.func.setval(
+                            sa.func.pg_get_serial_sequence(table.name, "id"),
+                            sa.select(sa.func.max(table.c.id)).scalar_subquery(),
+                        )
+                    )
+                )
         await conn.execute(sa.text("ANALYZE"))
     await db.dispose()
 
 
 def seed(url: str, count: int, *, open_count: int = 0) -> None:
     """``count`` episodes with their runs, the last ``open_count`` still firing."""
-    if not url.startswith("sqlite"):
-        raise ValueError("seeding gives explicit ids: SQLite only")
     asyncio.run(_seed(url, count, open_count))

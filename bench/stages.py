@@ -458,33 +458,56 @@ def growth(plan: Plan) -> list[Row]:
     burst = min(plan.burst, 300)
     rows = []
     workdir = plan.dir("growth")
-    with world.simulator(workdir, nodes=burst * len(counts)) as sim:
-        for n, count in enumerate(counts):
-            url = world.sqlite_url(workdir, f"stored-{count}")
-            began = time.monotonic()
-            seed.seed(url, count)
-            seeded = time.monotonic() - began
-            with world.serve(workdir, database_url=url, sim=sim, worker=f"growth-{n}") as server:
-                half = (
-                    intake_mod.half_load(server.url, workdir, 300, plan.duration)
-                    if intake_mod.available()
-                    else None
-                )
-                nodes = _names(burst, burst * len(counts), n * burst + 1)
-                got = asyncio.run(
-                    reaction_mod.burst([server.url], sim, nodes=nodes, first_seq=10**8 + n * burst)
-                )
-            p99 = table.ms(half.p99) if half else "- (no wrk)"
-            rows.append(
-                Row(
-                    f"with {count:,} stored episodes: cordon runs/s ({burst} burst), intake p99",
-                    "sqlite",
-                    f"{got.per_second:,.1f}/s, {p99} ms",
-                    "flat",
-                    f"intake at ~300 deliveries/s; seeding took {seeded:.0f} s",
-                )
-            )
-    return rows
+    backends = list(plan.backends())
+    total = burst * len(counts) * len(backends)
+    with world.simulator(workdir, nodes=total) as sim:
+        for b, backend in enumerate(backends):
+            for n, count in enumerate(counts):
+                first = (b * len(counts) + n) * burst
+                with world.database(
+                    workdir, backend, plan.postgres or "", f"stored-{count}"
+                ) as url:
+                    began = time.monotonic()
+                    seed.seed(url, count)
+                    seeded = time.monotonic() - began
+                    rows.append(
+                        _grown(plan, sim, url, backend, (count, seeded), burst, first, total)
+                    )
+    return rows + _skipped_postgres(plan, "growth")
+
+
+def _grown(
+    plan: Plan,
+    sim: world.Sim,
+    url: str,
+    backend: str,
+    stored: tuple[int, float],
+    burst: int,
+    first: int,
+    total: int,
+) -> Row:
+    """A row of the growth stage: ``stored`` episodes, seeded in so many seconds."""
+    count, seeded = stored
+    workdir = plan.dir("growth")
+    worker = f"growth-{backend}-{count}"
+    with world.serve(workdir, database_url=url, sim=sim, worker=worker) as server:
+        half = (
+            intake_mod.half_load(server.url, workdir, 300, plan.duration)
+            if intake_mod.available()
+            else None
+        )
+        nodes = _names(burst, total, first + 1)
+        got = asyncio.run(
+            reaction_mod.burst([server.url], sim, nodes=nodes, first_seq=10**8 + first)
+        )
+    p99 = table.ms(half.p99) if half else "- (no wrk)"
+    return Row(
+        f"with {count:,} stored episodes: cordon runs/s ({burst} burst), intake p99",
+        backend,
+        f"{got.per_second:,.1f}/s, {p99} ms",
+        "flat",
+        f"intake at ~300 deliveries/s; seeding took {seeded:.0f} s",
+    )
 
 
 # ---- fleet ------------------------------------------------------------------------------

@@ -65,7 +65,9 @@ async def prune_alert_episodes(
     # (a hashed subplan over the whole history: 32 ms a batch of 200 with 10⁵ runs, so a
     # first pass over a long history grew with its square) and held each episode against
     # every active run (an anti-join with the status index: a storm's runs, for each one).
-    active_run = _first_run(R.c.status.in_([s.value for s in runs.RUN_ACTIVE]))
+    # "Not finished" rather than "active": the same runs, but a condition the partial index
+    # of active runs cannot answer, which it would walk whole for each episode.
+    active_run = _first_run(R.c.status.not_in([s.value for s in runs.RUN_TERMINAL]))
     expired = sa.and_(
         E.c.status == resolved,
         E.c.handled_status == resolved,

@@ -128,6 +128,15 @@ runs = sa.Table(
         sqlite_where=sa.text("status IN ('pending', 'running', 'waiting_approval')"),
         postgresql_where=sa.text("status IN ('pending', 'running', 'waiting_approval')"),
     ),
+    # A run's undo runs (the reconciler, for every effect it looks at; a run's page): without
+    # it each read scanned every run stored, 55 ms with 10⁶ (migration 0009).
+    sa.Index(
+        "ix_runs_parent",
+        "parent_run_id",
+        "id",
+        sqlite_where=sa.text("parent_run_id IS NOT NULL"),
+        postgresql_where=sa.text("parent_run_id IS NOT NULL"),
+    ),
 )
 
 steps = sa.Table(
