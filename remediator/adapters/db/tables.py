@@ -67,6 +67,12 @@ deliveries = sa.Table(
     sa.Column("mac", sa.String(140), nullable=True),
 )
 
+
+def _partial_index(name: str, *columns: str, where: str) -> sa.Index:
+    """An index of the rows meeting ``where`` (both backends take the same SQL)."""
+    return sa.Index(name, *columns, sqlite_where=sa.text(where), postgresql_where=sa.text(where))
+
+
 alert_episodes = sa.Table(
     "alert_episodes",
     metadata,
@@ -86,11 +92,10 @@ alert_episodes = sa.Table(
     sa.Column("resolved_at", UTCDateTime(), nullable=True),
     sa.UniqueConstraint("fingerprint", "starts_at", name="uq_alert_episodes_identity"),
     sa.Index("ix_alert_episodes_alertname_created", "alertname", "created_at"),
-    sa.Index(
+    _partial_index(
         "ix_alert_episodes_unhandled",
         "id",
-        sqlite_where=sa.text("handled_status IS NULL OR handled_status <> status"),
-        postgresql_where=sa.text("handled_status IS NULL OR handled_status <> status"),
+        where="handled_status IS NULL OR handled_status <> status",
     ),
 )
 
@@ -122,21 +127,12 @@ runs = sa.Table(
     # read them here whatever the statistics say (migration 0009). On the status index
     # Postgres chose by its statistics, and in ones taken during a storm (most runs running)
     # it scanned every run stored once the storm was over, in every probe.
-    sa.Index(
-        "ix_runs_active",
-        "id",
-        sqlite_where=sa.text("status IN ('pending', 'running', 'waiting_approval')"),
-        postgresql_where=sa.text("status IN ('pending', 'running', 'waiting_approval')"),
+    _partial_index(
+        "ix_runs_active", "id", where="status IN ('pending', 'running', 'waiting_approval')"
     ),
     # A run's undo runs (the reconciler, for every effect it looks at; a run's page): without
     # it each read scanned every run stored, 55 ms with 10⁶ (migration 0009).
-    sa.Index(
-        "ix_runs_parent",
-        "parent_run_id",
-        "id",
-        sqlite_where=sa.text("parent_run_id IS NOT NULL"),
-        postgresql_where=sa.text("parent_run_id IS NOT NULL"),
-    ),
+    _partial_index("ix_runs_parent", "parent_run_id", "id", where="parent_run_id IS NOT NULL"),
 )
 
 steps = sa.Table(
@@ -168,18 +164,8 @@ steps = sa.Table(
     sa.Column("started_at", UTCDateTime(), nullable=True),
     sa.Column("finished_at", UTCDateTime(), nullable=True),
     sa.UniqueConstraint("run_id", "phase", "key", name="uq_steps_intent"),
-    sa.Index(
-        "ix_steps_due",
-        "due_at",
-        sqlite_where=sa.text("status = 'pending' AND due_at IS NOT NULL"),
-        postgresql_where=sa.text("status = 'pending' AND due_at IS NOT NULL"),
-    ),
-    sa.Index(
-        "ix_steps_leased",
-        "lease_expires_at",
-        sqlite_where=sa.text("status = 'running'"),
-        postgresql_where=sa.text("status = 'running'"),
-    ),
+    _partial_index("ix_steps_due", "due_at", where="status = 'pending' AND due_at IS NOT NULL"),
+    _partial_index("ix_steps_leased", "lease_expires_at", where="status = 'running'"),
 )
 
 locks = sa.Table(
@@ -256,12 +242,7 @@ disruptions = sa.Table(
     # A node's last disruption, read by every guard decision (the per-node cooldown): without
     # it that read scanned the whole history (migration 0008).
     sa.Index("ix_disruptions_node", "node", "started_at"),
-    sa.Index(
-        "ix_disruptions_active",
-        "node",
-        sqlite_where=sa.text("released_at IS NULL"),
-        postgresql_where=sa.text("released_at IS NULL"),
-    ),
+    _partial_index("ix_disruptions_active", "node", where="released_at IS NULL"),
 )
 
 guard_state = sa.Table(
