@@ -479,6 +479,8 @@ def _due_steps(now: Any) -> Any:
 
 
 _NOW = sa.bindparam("now", type_=tables.UTCDateTime())
+
+
 # What kinds of engine work exist, in one read (built once: the engine asks many times a second).
 # Each "is there any?" is the first row in the order of the partial index that holds exactly
 # those rows (for runs ``ix_runs_active``), which is then the only cheap way to it. As
@@ -488,22 +490,17 @@ _NOW = sa.bindparam("now", type_=tables.UTCDateTime())
 # takes ``handled_status <> status`` (two columns) to hold for 99.5 % of rows whatever ANALYZE
 # found; and statistics taken during a storm (most runs running, most steps due) stay through
 # the quiet spell after it, which changes too little to have them taken again.
+def _any(name: str, column: Any, where: Any, order: Any) -> Any:
+    """Whether a row meets ``where``: the first one's ``column`` in ``order``, or NULL."""
+    return _one_of(sa.select(column).where(where).order_by(order)).is_not(None).label(name)
+
+
 _PROBE = sa.select(
-    _one_of(sa.select(E.c.id).where(_unhandled_episodes()).order_by(E.c.id))
-    .is_not(None)
-    .label("episodes"),
-    _one_of(sa.select(S.c.id).where(_expired_leases(_NOW)).order_by(S.c.lease_expires_at))
-    .is_not(None)
-    .label("expired"),
-    _one_of(sa.select(R.c.id).where(_startable_runs()).order_by(R.c.id))
-    .is_not(None)
-    .label("startable"),
-    _one_of(sa.select(R.c.id).where(_advanceable_runs()).order_by(R.c.id))
-    .is_not(None)
-    .label("advance"),
-    _one_of(sa.select(S.c.id).where(_due_steps(_NOW)).order_by(S.c.due_at))
-    .is_not(None)
-    .label("due"),
+    _any("episodes", E.c.id, _unhandled_episodes(), E.c.id),
+    _any("expired", S.c.id, _expired_leases(_NOW), S.c.lease_expires_at),
+    _any("startable", R.c.id, _startable_runs(), R.c.id),
+    _any("advance", R.c.id, _advanceable_runs(), R.c.id),
+    _any("due", S.c.id, _due_steps(_NOW), S.c.due_at),
 )
 
 
