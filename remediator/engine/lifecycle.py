@@ -353,9 +353,14 @@ def start_run(
         taken.append(gpu_lock_key(run.node, run.gpu))
     prefix = f"slot:{run.playbook}:"
     held = tx.held_keys(prefix)
-    # Slots are taken from the lowest up: looking first from as many as are held finds a
-    # free one at once, not after every held one (quadratic in a storm's active runs).
-    first = min(len(held), concurrency)
+    # A run looks for a slot from its own (its id modulo the concurrency) up. Runs started
+    # at the same time by two replicas, which read the same held slots, look from different
+    # ones: had they picked the same, the second insert of the key would wait for the first
+    # transaction's end (Postgres waits on a uniqueness conflict with an uncommitted row),
+    # and one replica's starts would queue behind the other's. A storm's runs, whose ids
+    # follow each other, find theirs free at once, not after every held one (quadratic in
+    # its active runs).
+    first = run.id % concurrency
     slots = itertools.chain(range(first, concurrency), range(first))
     free = (key for key in (f"{prefix}{slot}" for slot in slots) if key not in held)
     # The node (or GPU) and the first free slot in one statement; a slot someone else took

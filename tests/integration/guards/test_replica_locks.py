@@ -283,3 +283,58 @@ def test_the_budget_guard_admits_exactly_its_budget_under_concurrent_replicas(pg
         assert "budget" in step.output["held"]
     assert state.chain.ok, state.chain.reason
     assert state.event_ids == list(range(1, len(state.event_ids) + 1))
+
+
+def test_two_replicas_start_runs_of_one_playbook_side_by_side(pg_url, clock):
+    """Replica A starts a pending run (its node and a concurrency slot of the playbook), then
+    keeps its transaction open; replica B starts another run of the same playbook meanwhile.
+    Both read the same free slots; had they picked the same one, B's insert of that key would
+    wait for A's transaction to end (Postgres waits on a uniqueness conflict with an
+    uncommitted row), so every start of a storm on one replica would queue behind the
+    other's."""
+    asyncio.run(prepare(pg_url, clock, due=[], pending=["gpu-a", "gpu-b"], action="log"))
+    a_open, release = threading.Event(), threading.Event()
+
+    def start(tx: sql_store.SqlTx) -> records.Run:
+        (pending,) = tx.lock_pending_runs(1)
+        assert lifecycle.start_run(tx, pending, concurrency=10)
+        started = tx.get_run(pending.id)
+        assert started is not None
+        return started
+
+    def a_work(tx: sql_store.SqlTx) -> records.Run:
+        started = start(tx)
+        a_open.set()
+        release.wait(WAIT)
+        return started
+
+    a = Replica("replica-a", pg_url, clock, a_work)
+    b = Replica("replica-b", pg_url, clock, start, start_after=a_open)
+    a.start()
+    b.start()
+    try:
+        assert a_open.wait(WAIT), "replica A never started its run"
+        b_committed_while_a_open = b.committed.wait(WAIT) and not a.committed.is_set()
+    finally:
+        release.set()
+        a_started, b_started = a.finish(), b.finish()
+    assert b_committed_while_a_open, "replica B's start waited for replica A's to end"
+
+    assert {a_started.node, b_started.node} == {"gpu-a", "gpu-b"}
+    state = asyncio.run(stored(pg_url))
+    assert all(run.status is runs.RunStatus.RUNNING for run in state.runs.values())
+    locks = asyncio.run(held_locks(pg_url))
+    slots = {key: holder for key, holder in locks.items() if key.startswith("slot:")}
+    assert sorted(slots.values()) == sorted([a_started.id, b_started.id])
+    assert all(key.startswith("slot:replica-test:") for key in slots)
+    assert locks["node:gpu-a"] != locks["node:gpu-b"]
+
+
+async def held_locks(url: str) -> dict[str, int | None]:
+    db = database.Database(url)
+    try:
+        async with db.read() as conn:
+            rows = await conn.execute(sa.select(tables.locks.c.key, tables.locks.c.run_id))
+            return {row.key: row.run_id for row in rows}
+    finally:
+        await db.dispose()

@@ -1,4 +1,5 @@
-"""A playbook's concurrency slots: a start takes one free slot, in O(1) when slots are dense."""
+"""A playbook's concurrency slots: a start takes one free slot, looking first at its own (its
+run id modulo the concurrency), in O(1) in a storm."""
 
 from __future__ import annotations
 
@@ -52,9 +53,9 @@ class Tx:
         self.applied.append(change)
 
 
-def _run() -> records.Run:
+def _run(run_id: int = 7) -> records.Run:
     return records.Run(
-        id=7,
+        id=run_id,
         playbook="storm",
         kind=runs.RunKind.ALERT,
         status=runs.RunStatus.PENDING,
@@ -79,13 +80,32 @@ def _slots(*numbers: int) -> set[str]:
 
 
 def test_a_start_next_to_many_active_runs_tries_one_slot() -> None:
-    """A storm's 500 active runs hold slots 0..499: the next start takes slot 500 at once
-    (it looked at every held slot first, for each start: quadratic in the storm)."""
-    tx = Tx(_slots(*range(500)))
+    """A storm's 500 active runs (ids 1 to 500) hold their slots 1..500: the next run, 501,
+    takes slot 501 at once (looking from the lowest slot up looked at every held slot first,
+    for each start: quadratic in the storm)."""
+    tx = Tx(_slots(*range(1, 501)))
     Held.looked = 0
-    assert lifecycle.start_run(tx, _run(), concurrency=10_000)  # type: ignore[arg-type]
-    assert tx.tried == ["slot:storm:500"]
+    assert lifecycle.start_run(tx, _run(501), concurrency=10_000)  # type: ignore[arg-type]
+    assert tx.tried == ["slot:storm:501"]
     assert Held.looked == 1
+
+
+def test_runs_started_from_one_view_of_the_slots_try_different_ones() -> None:
+    """Two replicas read the same held slots and start a run each: the runs try different
+    slots (the same one would make the second replica's insert wait for the first's commit
+    on Postgres)."""
+    held = _slots(*range(1, 101))
+    first, second = Tx(held), Tx(held)
+    assert lifecycle.start_run(first, _run(101), concurrency=10_000)  # type: ignore[arg-type]
+    assert lifecycle.start_run(second, _run(102), concurrency=10_000)  # type: ignore[arg-type]
+    assert first.tried == ["slot:storm:101"]
+    assert second.tried == ["slot:storm:102"]
+
+
+def test_a_start_whose_own_slot_is_held_takes_the_next_free_one() -> None:
+    tx = Tx(_slots(7, 8))  # run 7's own slot and the next held by runs 17 and 18
+    assert lifecycle.start_run(tx, _run(7), concurrency=10)  # type: ignore[arg-type]
+    assert tx.tried == ["slot:storm:9"]
 
 
 def test_a_start_finds_a_slot_freed_below_the_held_ones() -> None:
