@@ -135,15 +135,62 @@ def _plain(value: object) -> object:
 def canonical(content: Mapping[str, Any]) -> str:
     """Content fields as canonical JSON; timestamps as UTC ISO 8601 (what exports carry). The
     key id and sealed rows are part of the content when present."""
+    return _json(_canonical_fields(content))
+
+
+def _canonical_fields(content: Mapping[str, Any]) -> dict[str, Any]:
     fields = {field: content.get(field) for field in CONTENT_FIELDS}
     for field in SEALING_FIELDS:
         if content.get(field) is not None:
             fields[field] = content[field]
     if isinstance(fields["at"], str):
         fields["at"] = dt.datetime.fromisoformat(fields["at"])
+    return fields
+
+
+def _json(fields: Mapping[str, Any]) -> str:
     return json.dumps(
         fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain
     )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Link:
+    """All of an event's link that does not depend on its place in the chain: its canonical
+    JSON on either side of its id, and its key. A writer prepares these before it locks the
+    chain's head, so what it does while holding the head (which every other writer waits
+    for) is a hash an event: ``hash(prev_hash, id)`` equals ``chain_hash(prev_hash,
+    {**content, "id": id}, keys)``."""
+
+    before: bytes
+    after: bytes
+    secret: bytes | None
+
+    @classmethod
+    def of(cls, content: Mapping[str, Any], keys: AuditKeys | None = None) -> Link:
+        """``AuditKeyError`` as ``chain_hash`` raises it."""
+        fields = _canonical_fields(content)
+        del fields["id"]
+        # Keys are sorted: those before "id", then "id", then those after it.
+        low = {name: value for name, value in fields.items() if name < "id"}
+        high = {name: value for name, value in fields.items() if name > "id"}
+        before = _json(low)[:-1] + ("," if low else "") + '"id":'
+        after = "," + _json(high)[1:] if high else "}"
+        key_id = content.get("key_id")
+        secret = None
+        if key_id is not None:
+            if keys is None:
+                raise AuditKeyError(
+                    f"event signed with audit key {key_id!r}; no audit key is configured"
+                )
+            secret = keys.secret(key_id)
+        return cls(before=before.encode(), after=after.encode(), secret=secret)
+
+    def hash(self, prev_hash: str, event_id: int) -> str:
+        message = b"%s%s%d%s" % (prev_hash.encode(), self.before, event_id, self.after)
+        if self.secret is None:
+            return hashlib.sha256(message).hexdigest()
+        return hmac.new(self.secret, message, hashlib.sha256).hexdigest()
 
 
 def chain_hash(prev_hash: str, content: Mapping[str, Any], keys: AuditKeys | None = None) -> str:

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import functools
+import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
@@ -80,6 +81,36 @@ _COUNT_NODE_RUNS = (
 _RELEASE_RUN_LOCKS = sa.delete(L).where(
     L.c.run_id.in_(sa.bindparam("w_run_ids", expanding=True)), L.c.expires_at.is_(None)
 )
+# An event row's columns but its place in the chain (id, prev_hash, hash), as
+# ``_event_values`` gives them: Postgres's flush sends them as they are (``_append_events_sql``).
+_EVENT_COLUMNS = tuple(c.name for c in A.c if c.name not in ("id", "prev_hash", "hash"))
+_JSON_EVENT_COLUMNS = frozenset(c.name for c in A.c if isinstance(c.type, sa.JSON))
+
+
+def _event_values(content: dict[str, Any]) -> tuple[Any, ...]:
+    """An event's values as SQLAlchemy binds them on Postgres: JSON (a ``None`` as JSON's
+    null, the type's default), the time in UTC."""
+    return tuple(
+        json.dumps(content[name])
+        if name in _JSON_EVENT_COLUMNS
+        else content[name].astimezone(dt.UTC)
+        if name == "at"
+        else content[name]
+        for name in _EVENT_COLUMNS
+    )
+
+
+def _append_events_sql(count: int) -> str:
+    """Postgres: insert ``count`` events and move the chain's head, in one statement."""
+    columns = ", ".join(f'"{name}"' for name in ("id", "prev_hash", "hash", *_EVENT_COLUMNS))
+    casts = ("%s::jsonb" if name in _JSON_EVENT_COLUMNS else "%s" for name in _EVENT_COLUMNS)
+    row = f"(%s, %s, %s, {', '.join(casts)})"
+    return (  # table and column names from the schema, values all parameters
+        f"WITH appended AS (INSERT INTO {A.name} ({columns}) VALUES {', '.join([row] * count)}) "  # noqa: S608
+        f"UPDATE {H.name} SET last_id = %s, last_hash = %s WHERE id = 1"
+    )
+
+
 # The audit chain's head: (SQLite, Postgres, where it is locked until the transaction ends).
 _HEAD = (
     sa.select(H.c.last_id, H.c.last_hash).where(H.c.id == 1),
@@ -1018,16 +1049,36 @@ class SqlTx:
             self.add_event("audit.sealed", actor=transitions.ENGINE, reason="rows written")
         if not self._pending:
             return
+        # Everything an event's row and link need but its place in the chain, prepared before
+        # the head is locked: on Postgres every other writer's flush waits for the head until
+        # this transaction commits.
+        pending, self._pending = self._pending, []
+        links = [audit.Link.of(content, self.keys) for content in pending]
+        if self.db.is_postgres:
+            values = [_event_values(content) for content in pending]
         last_id, last_hash = self._head()
-        rows = []
-        for content in self._pending:
-            last_id = (last_id or 0) + 1
-            digest = audit.chain_hash(last_hash, {**content, "id": last_id}, self.keys)
-            rows.append({"id": last_id, "prev_hash": last_hash, "hash": digest, **content})
+        first_id = (last_id or 0) + 1
+        chain = []
+        for event_id, link in enumerate(links, first_id):
+            digest = link.hash(last_hash, event_id)
+            chain.append((event_id, last_hash, digest))
             last_hash = digest
+        last_id = first_id + len(links) - 1
+        if self.db.is_postgres:
+            # the events and the new head in one statement: one round trip under the lock
+            params = [
+                item for link, row in zip(chain, values, strict=True) for item in (*link, *row)
+            ]
+            self.conn.conn.exec_driver_sql(
+                _append_events_sql(len(chain)), (*params, last_id, last_hash)
+            )
+            return
+        rows = [
+            {"id": event_id, "prev_hash": prev_hash, "hash": digest, **content}
+            for (event_id, prev_hash, digest), content in zip(chain, pending, strict=True)
+        ]
         self.conn.execute(_INSERT_EVENT, rows)
         self.conn.execute(_UPDATE_HEAD, {"last_id": last_id, "last_hash": last_hash})
-        self._pending = []
 
     def _head(self) -> tuple[int | None, str]:
         """The chain head, locked on Postgres until the transaction ends (created if none)."""
