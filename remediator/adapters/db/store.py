@@ -81,16 +81,28 @@ _COUNT_NODE_RUNS = (
 _RELEASE_RUN_LOCKS = sa.delete(L).where(
     L.c.run_id.in_(sa.bindparam("w_run_ids", expanding=True)), L.c.expires_at.is_(None)
 )
-# An event row's columns but its place in the chain (id, prev_hash, hash), as
-# ``_event_values`` gives them: Postgres's flush sends them as they are (``_append_events_sql``).
+# Postgres's append of a transaction's events (``SqlTx.flush``): each event's values but its
+# place in the chain (id, prev_hash, hash) quoted by the driver before the chain's head is
+# locked, then the rows and the head's move in one statement after it.
 _EVENT_COLUMNS = tuple(c.name for c in A.c if c.name not in ("id", "prev_hash", "hash"))
 _JSON_EVENT_COLUMNS = frozenset(c.name for c in A.c if isinstance(c.type, sa.JSON))
+_EVENT_VALUES = ", ".join(
+    "%s::jsonb" if name in _JSON_EVENT_COLUMNS else "%s" for name in _EVENT_COLUMNS
+)
+_EVENT_NAMES = ", ".join(f'"{name}"' for name in ("id", "prev_hash", "hash", *_EVENT_COLUMNS))
+# Table and column names from the schema; the values quoted by the driver (``_quoted_event``),
+# ids and hex digests.
+_APPEND_EVENTS = (
+    f"WITH appended AS (INSERT INTO {A.name} ({_EVENT_NAMES}) VALUES {{rows}}) "  # noqa: S608
+    f"UPDATE {H.name} SET last_id = {{last_id}}, last_hash = '{{last_hash}}' WHERE id = 1"
+)
 
 
-def _event_values(content: dict[str, Any]) -> tuple[Any, ...]:
-    """An event's values as SQLAlchemy binds them on Postgres: JSON (a ``None`` as JSON's
-    null, the type's default), the time in UTC."""
-    return tuple(
+def _quoted_event(cursor: Any, content: dict[str, Any]) -> str:
+    """An event's values but its place in the chain, quoted by psycopg2 (``mogrify``) as
+    SQLAlchemy binds them: JSON (a ``None`` as JSON's null, the type's default), the time in
+    UTC."""
+    values = tuple(
         json.dumps(content[name])
         if name in _JSON_EVENT_COLUMNS
         else content[name].astimezone(dt.UTC)
@@ -98,16 +110,21 @@ def _event_values(content: dict[str, Any]) -> tuple[Any, ...]:
         else content[name]
         for name in _EVENT_COLUMNS
     )
+    quoted: bytes = cursor.mogrify(_EVENT_VALUES, values)
+    return quoted.decode()
 
 
-def _append_events_sql(count: int) -> str:
-    """Postgres: insert ``count`` events and move the chain's head, in one statement."""
-    columns = ", ".join(f'"{name}"' for name in ("id", "prev_hash", "hash", *_EVENT_COLUMNS))
-    casts = ("%s::jsonb" if name in _JSON_EVENT_COLUMNS else "%s" for name in _EVENT_COLUMNS)
-    row = f"(%s, %s, %s, {', '.join(casts)})"
-    return (  # table and column names from the schema, values all parameters
-        f"WITH appended AS (INSERT INTO {A.name} ({columns}) VALUES {', '.join([row] * count)}) "  # noqa: S608
-        f"UPDATE {H.name} SET last_id = %s, last_hash = %s WHERE id = 1"
+def _append_events_sql(rows: Sequence[tuple[tuple[int, str, str], str]]) -> str:
+    """The events (each its place in the chain: an id and two hex digests, and its quoted
+    values) and the head's move to the last of them, as one statement."""
+    (last_id, _, last_hash), _ = rows[-1]
+    return _APPEND_EVENTS.format(
+        rows=", ".join(
+            f"({event_id}, '{prev_hash}', '{digest}', {quoted})"
+            for (event_id, prev_hash, digest), quoted in rows
+        ),
+        last_id=last_id,
+        last_hash=last_hash,
     )
 
 
@@ -1055,7 +1072,8 @@ class SqlTx:
         pending, self._pending = self._pending, []
         links = [audit.Link.of(content, self.keys) for content in pending]
         if self.db.is_postgres:
-            values = [_event_values(content) for content in pending]
+            with contextlib.closing(self.conn.conn.connection.cursor()) as cursor:
+                quoted = [_quoted_event(cursor, content) for content in pending]
         last_id, last_hash = self._head()
         first_id = (last_id or 0) + 1
         chain = []
@@ -1066,12 +1084,9 @@ class SqlTx:
         last_id = first_id + len(links) - 1
         if self.db.is_postgres:
             # the events and the new head in one statement: one round trip under the lock
-            params = [
-                item for link, row in zip(chain, values, strict=True) for item in (*link, *row)
-            ]
-            self.conn.conn.exec_driver_sql(
-                _append_events_sql(len(chain)), (*params, last_id, last_hash)
-            )
+            statement = _append_events_sql(list(zip(chain, quoted, strict=True)))
+            # sent without parameters, so that psycopg2 reads no "%" in the values as one
+            self.conn.conn.exec_driver_sql(statement, execution_options={"no_parameters": True})
             return
         rows = [
             {"id": event_id, "prev_hash": prev_hash, "hash": digest, **content}
