@@ -176,33 +176,33 @@ class Link:
         high = {name: value for name, value in fields.items() if name > "id"}
         before = _json(low)[:-1] + ("," if low else "") + '"id":'
         after = "," + _json(high)[1:] if high else "}"
-        key_id = content.get("key_id")
-        secret = None
-        if key_id is not None:
-            if keys is None:
-                raise AuditKeyError(
-                    f"event signed with audit key {key_id!r}; no audit key is configured"
-                )
-            secret = keys.secret(key_id)
-        return cls(before=before.encode(), after=after.encode(), secret=secret)
+        return cls(before=before.encode(), after=after.encode(), secret=_secret(content, keys))
 
     def hash(self, prev_hash: str, event_id: int) -> str:
         message = b"%s%s%d%s" % (prev_hash.encode(), self.before, event_id, self.after)
-        if self.secret is None:
-            return hashlib.sha256(message).hexdigest()
-        return hmac.new(self.secret, message, hashlib.sha256).hexdigest()
+        return _digest(self.secret, message)
 
 
 def chain_hash(prev_hash: str, content: Mapping[str, Any], keys: AuditKeys | None = None) -> str:
     """The link of an event: keyed with the key its ``key_id`` names (``AuditKeyError`` if that key
     is not in ``keys``), plain sha256 for an event without a key id."""
-    message = prev_hash.encode() + canonical(content).encode()
+    return _digest(_secret(content, keys), prev_hash.encode() + canonical(content).encode())
+
+
+def _secret(content: Mapping[str, Any], keys: AuditKeys | None) -> bytes | None:
+    """The key an event names (``None``: it names none, its link is plain sha256)."""
     key_id = content.get("key_id")
     if key_id is None:
-        return hashlib.sha256(message).hexdigest()
+        return None
     if keys is None:
         raise AuditKeyError(f"event signed with audit key {key_id!r}; no audit key is configured")
-    return hmac.new(keys.secret(key_id), message, hashlib.sha256).hexdigest()
+    return keys.secret(key_id)
+
+
+def _digest(secret: bytes | None, message: bytes) -> str:
+    if secret is None:
+        return hashlib.sha256(message).hexdigest()
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
 def mac(keys: AuditKeys, text: str) -> str:
