@@ -184,6 +184,36 @@ def claim_and_start(tx: sql_store.SqlTx, owner: str) -> tuple[records.Step, reco
     return claimed, started
 
 
+def while_a_is_open(
+    url: str,
+    clock: FakeClock,
+    a_work: Callable[[sql_store.SqlTx], Any],
+    b_work: Callable[[sql_store.SqlTx], Any],
+) -> tuple[Any, Any, bool]:
+    """Replica A does ``a_work`` and keeps its transaction open (its rows locked, its events
+    pending); replica B then does ``b_work``. Both results, and whether B committed while A
+    was still open."""
+    a_open, release = threading.Event(), threading.Event()
+
+    def a_then_hold(tx: sql_store.SqlTx) -> Any:
+        done = a_work(tx)
+        a_open.set()
+        release.wait(WAIT)
+        return done
+
+    a = Replica("replica-a", url, clock, a_then_hold)
+    b = Replica("replica-b", url, clock, b_work, start_after=a_open)
+    a.start()
+    b.start()
+    try:
+        assert a_open.wait(WAIT), "replica A never did its work"
+        side_by_side = b.committed.wait(WAIT) and not a.committed.is_set()
+    finally:
+        release.set()
+        a_done, b_done = a.finish(), b.finish()
+    return a_done, b_done, side_by_side
+
+
 def test_two_replicas_engine_transactions_hold_their_locks_concurrently(pg_url, clock):
     """Replica A claims a step and starts a run, then keeps its transaction open; replica B
     does the same on other rows and commits meanwhile. Locking the chain head (or any row
@@ -191,28 +221,13 @@ def test_two_replicas_engine_transactions_hold_their_locks_concurrently(pg_url, 
     asyncio.run(
         prepare(pg_url, clock, due=["gpu-a1", "gpu-b1"], pending=["gpu-a2", "gpu-b2"], action="log")
     )
-    a_open, release = threading.Event(), threading.Event()
-
-    def a_work(tx: sql_store.SqlTx) -> tuple[records.Step, records.Run]:
-        done = claim_and_start(tx, "replica-a")
-        a_open.set()
-        release.wait(WAIT)  # the transaction stays open, its rows locked, its events pending
-        return done
-
-    a = Replica("replica-a", pg_url, clock, a_work)
-    b = Replica(
-        "replica-b", pg_url, clock, lambda tx: claim_and_start(tx, "replica-b"), start_after=a_open
+    (a_claimed, a_started), (b_claimed, b_started), side_by_side = while_a_is_open(
+        pg_url,
+        clock,
+        lambda tx: claim_and_start(tx, "replica-a"),
+        lambda tx: claim_and_start(tx, "replica-b"),
     )
-    a.start()
-    b.start()
-    try:
-        assert a_open.wait(WAIT), "replica A never did its work"
-        b_committed_while_a_open = b.committed.wait(WAIT) and not a.committed.is_set()
-    finally:
-        release.set()
-        a_claimed, a_started = a.finish()
-        b_claimed, b_started = b.finish()
-    assert b_committed_while_a_open, "replica B's transaction waited for replica A's to end"
+    assert side_by_side, "replica B's transaction waited for replica A's to end"
 
     state = asyncio.run(stored(pg_url))
     assert {a_claimed.id, b_claimed.id} == {
@@ -293,7 +308,6 @@ def test_two_replicas_start_runs_of_one_playbook_side_by_side(pg_url, clock):
     uncommitted row), so every start of a storm on one replica would queue behind the
     other's."""
     asyncio.run(prepare(pg_url, clock, due=[], pending=["gpu-a", "gpu-b"], action="log"))
-    a_open, release = threading.Event(), threading.Event()
 
     def start(tx: sql_store.SqlTx) -> records.Run:
         (pending,) = tx.lock_pending_runs(1)
@@ -302,23 +316,8 @@ def test_two_replicas_start_runs_of_one_playbook_side_by_side(pg_url, clock):
         assert started is not None
         return started
 
-    def a_work(tx: sql_store.SqlTx) -> records.Run:
-        started = start(tx)
-        a_open.set()
-        release.wait(WAIT)
-        return started
-
-    a = Replica("replica-a", pg_url, clock, a_work)
-    b = Replica("replica-b", pg_url, clock, start, start_after=a_open)
-    a.start()
-    b.start()
-    try:
-        assert a_open.wait(WAIT), "replica A never started its run"
-        b_committed_while_a_open = b.committed.wait(WAIT) and not a.committed.is_set()
-    finally:
-        release.set()
-        a_started, b_started = a.finish(), b.finish()
-    assert b_committed_while_a_open, "replica B's start waited for replica A's to end"
+    a_started, b_started, side_by_side = while_a_is_open(pg_url, clock, start, start)
+    assert side_by_side, "replica B's start waited for replica A's to end"
 
     assert {a_started.node, b_started.node} == {"gpu-a", "gpu-b"}
     state = asyncio.run(stored(pg_url))
