@@ -34,6 +34,17 @@ logger = logging.getLogger("remediator.db")
 
 T = TypeVar("T")
 
+#: Postgres: a background transaction (retention's batches) starts once no other transaction
+#: of this process has been in flight for ``BACKGROUND_QUIET`` seconds, or after it has waited
+#: ``BACKGROUND_PATIENCE`` (so that housekeeping goes on, a batch a second, under a storm that
+#: never pauses). SQLite grants them its writer only when nobody else waits (``WriteLock``).
+BACKGROUND_QUIET = 0.02
+BACKGROUND_PATIENCE = 1.0
+#: ... and while the process has other work, after a background transaction that took t
+#: seconds the next one waits ``BACKGROUND_PAUSE`` times t first: housekeeping takes at most
+#: a fifth of the time a busy process has.
+BACKGROUND_PAUSE = 4.0
+
 
 def normalise_url(url: str) -> str:
     """Accept ``sqlite:///x.db`` and ``postgresql://`` and pick the async drivers."""
@@ -167,6 +178,10 @@ class Database:
                 pool_size, thread_name_prefix="pg"
             )
         self.latency_observer: Any = None
+        self.background_patience = BACKGROUND_PATIENCE
+        self._in_flight = 0  # Postgres: transactions of this process under way, but background
+        self._quiet_since = float("-inf")  # (loop time) when the last of them ended
+        self._background_after = float("-inf")  # (loop time) the next background one's turn
 
     def writers_waiting(self) -> bool:
         """Whether an urgent writer (the webhook) waits for the current write transaction."""
@@ -233,6 +248,9 @@ class Database:
         """
         started = time.perf_counter()
         if not self.is_sqlite:
+            if background:
+                await self._give_way()
+                return await self._on_pg_thread(operation, work, started, background=True)
             return await self._on_pg_thread(operation, work, started)
         assert self._write_lock is not None
         hold = self._write_lock.hold(urgent=urgent, background=background)
@@ -249,8 +267,28 @@ class Database:
             return await self.write_sync(operation, work)
         return await self._on_pg_thread(operation, work, time.perf_counter())
 
+    async def _give_way(self) -> None:
+        """Postgres: wait for a quiet moment before a background transaction (at most
+        ``background_patience``). Retention's first pass over a long history (10⁶ expired
+        episodes reduced, 3.5 minutes of back-to-back batches) ran through every storm
+        meanwhile, on Postgres's CPU and this process's."""
+        loop = asyncio.get_running_loop()
+        if self._in_flight or loop.time() - self._quiet_since < 1.0:  # a busy process
+            await asyncio.sleep(max(0.0, self._background_after - loop.time()))
+        deadline = loop.time() + self.background_patience
+        # (polled: a quiet moment is the absence of events, which nothing can signal)
+        while loop.time() < deadline and (  # noqa: ASYNC110
+            self._in_flight or loop.time() - self._quiet_since < BACKGROUND_QUIET
+        ):
+            await asyncio.sleep(BACKGROUND_QUIET)
+
     async def _on_pg_thread(
-        self, operation: str, work: Callable[[sa.Connection], T], started: float
+        self,
+        operation: str,
+        work: Callable[[sa.Connection], T],
+        started: float,
+        *,
+        background: bool = False,
     ) -> T:
         assert self._pg_sync is not None
         assert self._pg_threads is not None
@@ -260,9 +298,19 @@ class Database:
             with engine.begin() as conn:
                 return work(conn)
 
-        async with self._translated():
-            loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(self._pg_threads, in_transaction)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        if not background:
+            self._in_flight += 1
+        try:
+            async with self._translated():
+                result = await loop.run_in_executor(self._pg_threads, in_transaction)
+        finally:
+            if not background:
+                self._in_flight -= 1
+                self._quiet_since = loop.time()
+            else:
+                self._background_after = loop.time() + BACKGROUND_PAUSE * (loop.time() - began)
         self._observe(operation, started)
         return result
 

@@ -4,8 +4,10 @@
 Work is done in small batches, one short write transaction each, granted SQLite's writer only
 when nothing else waits for it (``background``): a first pass over a long history (a million
 expired episodes, a few minutes of writes) made every webhook commit and engine pass behind
-it wait for a whole batch (intake p99 226 ms, a burst's cordons a third as fast). Each batch
-goes on from where the last one stopped (by id), so a pass reads each row once."""
+it wait for a whole batch (intake p99 226 ms, a burst's cordons a third as fast). On Postgres
+a batch starts in a quiet moment of the process, and while the process is busy each is
+followed by a pause four times its length (``Database.write_sync``). Each batch goes on from
+where the last one stopped (by id), so a pass reads each row once."""
 
 from __future__ import annotations
 
