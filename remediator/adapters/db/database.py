@@ -244,7 +244,8 @@ class Database:
         (aiosqlite would hop once per cursor operation, a dozen times per transaction); on
         Postgres one hop to a thread of a small pool, over psycopg2. ``urgent``: the webhook
         waits for it (granted SQLite's writer first); ``background``: housekeeping, granted
-        the writer only when no one else waits for it.
+        SQLite's writer only when no one else waits for it, and on Postgres started in a quiet
+        moment of the process and paced while it is busy (``_give_way``).
         """
         started = time.perf_counter()
         if not self.is_sqlite:
