@@ -40,9 +40,11 @@ T = TypeVar("T")
 #: never pauses). SQLite grants them its writer only when nobody else waits (``WriteLock``).
 BACKGROUND_QUIET = 0.02
 BACKGROUND_PATIENCE = 1.0
-#: ... and while the process has other work, after a background transaction that took t
-#: seconds the next one waits ``BACKGROUND_PAUSE`` times t first: housekeeping takes at most
-#: a fifth of the time a busy process has.
+#: ... and while the process is busy (another transaction in flight, or one ended within
+#: ``BACKGROUND_BUSY`` seconds), after a background transaction that took t seconds the next
+#: one waits ``BACKGROUND_PAUSE`` times t first: housekeeping takes at most a fifth of the
+#: time a busy process has.
+BACKGROUND_BUSY = 1.0
 BACKGROUND_PAUSE = 4.0
 
 
@@ -274,7 +276,7 @@ class Database:
         episodes reduced, 3.5 minutes of back-to-back batches) ran through every storm
         meanwhile, on Postgres's CPU and this process's."""
         loop = asyncio.get_running_loop()
-        if self._in_flight or loop.time() - self._quiet_since < 1.0:  # a busy process
+        if self._in_flight or loop.time() - self._quiet_since < BACKGROUND_BUSY:
             await asyncio.sleep(max(0.0, self._background_after - loop.time()))
         deadline = loop.time() + self.background_patience
         # (polled: a quiet moment is the absence of events, which nothing can signal)
