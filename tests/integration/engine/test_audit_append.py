@@ -96,31 +96,24 @@ async def test_the_stored_events_are_what_sqlalchemy_s_insert_stores(pg_url: str
         ours = await _rows(store.db)
 
         def by_sqlalchemy(tx: sql_store.SqlTx) -> None:  # the same events, ids after ours
+            unset = dict.fromkeys(("run_id", "step_id", "episode_id", "from_status", "to_status"))
             tx.conn.conn.execute(
                 sa.insert(tables.audit_events),
-                [{**row_of(row), "id": row["id"] + 100} for row in ours],
+                [
+                    {
+                        **unset,
+                        "data": {},
+                        **event,
+                        "id": row["id"] + 100,
+                        "at": NOW,
+                        "prev_hash": row["prev_hash"],
+                        "hash": row["hash"],
+                        "key_id": "k1",
+                        "rows": None,
+                    }
+                    for row, event in zip(ours, EVENTS, strict=True)
+                ],
             )
-
-        stored = {row["id"]: row for row in ours}
-
-        def row_of(row: dict[str, Any]) -> dict[str, Any]:
-            (event,) = [e for n, e in enumerate(EVENTS, 1) if n == row["id"]]
-            return {
-                "at": NOW,
-                "kind": event["kind"],
-                "actor": event["actor"],
-                "run_id": event.get("run_id"),
-                "step_id": event.get("step_id"),
-                "episode_id": event.get("episode_id"),
-                "from_status": event.get("from_status"),
-                "to_status": event.get("to_status"),
-                "reason": event["reason"],
-                "data": event.get("data") or {},
-                "prev_hash": stored[row["id"]]["prev_hash"],
-                "hash": stored[row["id"]]["hash"],
-                "key_id": "k1",
-                "rows": None,
-            }
 
         await store.run("by sqlalchemy", by_sqlalchemy)
         theirs = (await _rows(store.db))[len(ours) :]
