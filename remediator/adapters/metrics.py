@@ -194,6 +194,14 @@ class Metrics:
         if kind in SUPPRESSIONS:
             self.runs_suppressed.labels(reason=SUPPRESSIONS[kind]).inc()
 
+    def count_stored(self, deliveries: int, firing: int, resolved: int, deduplicated: int) -> None:
+        """A committed intake batch: its deliveries, their alerts by status, and those of them
+        that changed nothing."""
+        self.deliveries.inc(deliveries)
+        self.alerts_received.labels("firing").inc(firing)
+        self.alerts_received.labels("resolved").inc(resolved)
+        self.alerts_deduplicated.inc(deduplicated)
+
     def observe_db(self, operation: str, seconds: float) -> None:
         self.db_latency.labels(operation=operation).observe(seconds)
 

@@ -180,7 +180,11 @@ class Components:
         )
         self.reconciler = reconciler.Reconciler(services)
         self.writer = intake.IntakeWriter(
-            self.db, clock=clock, on_change=self.engine.wake, keys=self.audit_keys
+            self.db,
+            clock=clock,
+            on_change=self.engine.wake,
+            on_stored=lambda tally: self.metrics.count_stored(*tally),
+            keys=self.audit_keys,
         )
         self.audit = db_audit.AuditQueries(
             self.db, keys=self.audit_keys, anchors=settings.audit_anchor_file

@@ -28,6 +28,28 @@ logger = logging.getLogger("remediator")
 _SERVE_OPTIONS = ("listen", "database_url", "rules", "tokens")
 
 
+# Allocations between two collections of the youngest generation (Python's default: 700).
+YOUNG_COLLECTION = 7000
+
+
+def settle_collector() -> None:
+    """Tune the garbage collector for a long-running server, once start-up is done.
+
+    Everything start-up built (imported modules, the app, the Kubernetes client's model
+    classes once a cluster is connected) lives for the whole process: it is frozen, moved out
+    of the collector's way, so a full collection does not pause the webhook for ~100 ms while
+    it walks 160,000 objects. And the youngest generation is collected every
+    ``YOUNG_COLLECTION`` allocations instead of every 700: with 64 webhook requests in flight
+    each collection walked the objects of all of them, 5 % of the instructions a delivery
+    cost; a collection ten times rarer walks about as many objects (most of what a request
+    allocates is freed by its reference count before then), and the cyclic garbage it leaves
+    for longer is a few thousand objects at most.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION, *gc.get_threshold()[1:])
+
+
 def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
@@ -49,15 +71,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     host, port = settings.host_port
 
-    async def freeze_survivors(_: web.Application) -> None:
-        gc.collect()
-        gc.freeze()
+    async def settle(_: web.Application) -> None:
+        settle_collector()
 
-    # Everything start-up builds (imported modules, the app, the Kubernetes client's model
-    # classes once a cluster is connected) lives for the whole process: once it has started,
-    # before it listens, move it out of the collector's way, so a full collection does not
-    # pause the webhook for ~100 ms while it walks 160,000 objects.
-    app.on_startup.append(freeze_survivors)
+    app.on_startup.append(settle)  # once it has started, before it listens
     logger.info("listening on %s:%s", host, port, extra={"database": settings.is_sqlite})
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     shown = f"[{shown}]" if ":" in shown else shown

@@ -316,6 +316,34 @@ def _keys(payload: dict[str, Any]) -> list[tuple[str, dt.datetime]]:
     return [(a.fingerprint, a.starts_at) for a in parsed.alerts]
 
 
+async def test_the_counters_are_told_once_a_batch_before_its_deliveries_are_answered(db, clock):
+    """Counters updated for every request were 3 % of a delivery's instructions: the writer
+    tells them each committed batch's tally, once, before it answers the batch."""
+    tallies: list[intake.Tally] = []
+    answered: list[int] = []
+    made = intake.IntakeWriter(db, clock=clock, on_stored=tallies.append)
+    task = asyncio.create_task(made.run())
+
+    async def store(d: intake.Delivery) -> None:
+        await made.store(d)
+        answered.append(len(tallies))  # the tallies told when this delivery was answered
+
+    partial = am_payload("GPUTemperatureHigh-firing-partial-2alerts")  # one resolved of two
+    try:
+        await asyncio.gather(*(store(delivery(am_payload(FIRING), tag=str(n))) for n in range(3)))
+        await asyncio.gather(store(delivery(partial)), store(delivery(am_payload(FIRING))))
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert tallies == [
+        # three deliveries of one episode's two alerts: two new, four repeats
+        intake.Tally(deliveries=3, firing=6, resolved=0, deduplicated=4),
+        # one of them resolved; the other alert and the second delivery change nothing
+        intake.Tally(deliveries=2, firing=3, resolved=1, deduplicated=3),
+    ]
+    assert answered == [1, 1, 1, 2, 2]
+
+
 def test_a_known_key_is_trusted_for_its_ttl_only():
     ticks = Ticks()
     known = intake.KnownEpisodes(ttl=60, monotonic=ticks)

@@ -59,6 +59,15 @@ class Stored(typing.NamedTuple):  # a tuple: one per delivery, built in the writ
         return self.alerts - self.changed
 
 
+class Tally(typing.NamedTuple):
+    """What one committed batch stored, for the counters (``IntakeWriter.on_stored``)."""
+
+    deliveries: int
+    firing: int  # alerts by status
+    resolved: int
+    deduplicated: int  # alerts that changed nothing
+
+
 _Key = tuple[str, dt.datetime]
 
 
@@ -147,13 +156,18 @@ class IntakeWriter:
         clock: Callable[[], dt.datetime],
         max_batch: int = 512,
         on_change: Callable[[], None] | None = None,
+        on_stored: Callable[[Tally], None] | None = None,
         keys: audit.AuditKeys | None = None,
     ) -> None:
+        """``on_change``: called after a batch that changed an episode. ``on_stored``: called
+        with each committed batch's tally, before its deliveries are answered (counted once a
+        batch: counters updated for every request were 3 % of a delivery's instructions)."""
         self.db = db
         self.keys = keys
         self.clock = clock
         self.max_batch = max_batch
         self.on_change = on_change
+        self.on_stored = on_stored
         self._queue: asyncio.Queue[tuple[Delivery, asyncio.Future[Stored]]] = asyncio.Queue()
         # Built once: SQLAlchemy memoizes a statement's cache key and its compiled form on the
         # object, so re-using it skips the construction and keying that dominated a small batch.
@@ -191,6 +205,8 @@ class IntakeWriter:
                 if not future.done():
                     future.set_exception(failure)
             return
+        if self.on_stored is not None:
+            self.on_stored(_tally(batch, results))
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)
@@ -336,6 +352,21 @@ class IntakeWriter:
                 excluded.status == alerts.AlertStatus.RESOLVED.value,
             ),
         ).returning(table.c.fingerprint, table.c.starts_at, table.c.status)
+
+
+def _tally(batch: list[tuple[Delivery, asyncio.Future[Stored]]], results: list[Stored]) -> Tally:
+    alerts_ = resolved = 0
+    RESOLVED = alerts.AlertStatus.RESOLVED
+    for delivery, _ in batch:
+        for alert in delivery.payload.alerts:
+            alerts_ += 1
+            resolved += alert.status is RESOLVED
+    return Tally(
+        deliveries=len(batch),
+        firing=alerts_ - resolved,
+        resolved=resolved,
+        deduplicated=sum(result.deduplicated for result in results),
+    )
 
 
 def _refused_data(error: BaseException | None) -> str | None:

@@ -48,11 +48,9 @@ class IntakeDeps:
     metrics: Metrics
     max_body_bytes: int
     rejected: _Children = dataclasses.field(init=False, repr=False, compare=False)
-    received: _Children = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rejected", _Children(self.metrics.deliveries_rejected))
-        object.__setattr__(self, "received", _Children(self.metrics.alerts_received))
 
 
 INTAKE = web.AppKey("intake", IntakeDeps)
@@ -122,13 +120,8 @@ async def post_alerts(request: web.Request) -> web.Response:
         raise
     except errors.ValidationFailed as e:  # the database refused a value of this delivery
         return _unstorable(deps, len(payload.alerts), [{"field": "(body)", "message": str(e)}])
-    deps.metrics.deliveries.inc()
-    received = deps.received
-    for alert in payload.alerts:
-        received[alert.status].inc()
-    deduplicated = stored.deduplicated
-    deps.metrics.alerts_deduplicated.inc(deduplicated)
-    body = _STORED % (stored.delivery_id, stored.alerts, stored.changed, deduplicated)
+    # (counted by the writer, once a batch: ``Metrics.count_stored``)
+    body = _STORED % (stored.delivery_id, stored.alerts, stored.changed, stored.deduplicated)
     return web.Response(body=body, content_type="application/json", charset="utf-8")
 
 
