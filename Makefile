@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 
-.PHONY: help install system-deps postgres run demo sim test test-fast lint format bench bench-quick bench-soak bench-ingest docs clean
+.PHONY: help install system-deps postgres run demo sim test test-fast lint format bench bench-quick bench-soak bench-instructions bench-ingest docs clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install remediator with its dev tools
 
-system-deps: ## Install the programs the tests and benchmarks drive (Prometheus, Alertmanager, kubectl, Chromium, wrk)
+system-deps: ## Install the programs the tests and benchmarks drive (Prometheus, Alertmanager, kubectl, Chromium, wrk, valgrind)
 	@bash .ci/system-deps
 
 postgres: ## Make sure PostgreSQL answers on 127.0.0.1:5432
@@ -63,6 +63,9 @@ bench-quick: install ## The same benchmarks with short phases and small sizes (a
 
 bench-soak: install ## RSS of `remediator serve` under a light alert load for an hour
 	$(BIN)/python -m bench.run --only soak --no-postgres
+
+bench-instructions: install ## Instructions a webhook delivery costs, against the bare server (callgrind)
+	$(BIN)/python -m bench.instructions
 
 bench-ingest: install ## Benchmark the webhook against a bare durable-insert server
 	$(BIN)/python -m bench.ingest

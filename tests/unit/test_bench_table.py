@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import math
 
-from bench import intake, table, world
+import pytest
+
+from bench import instructions, intake, table, world
 from remediator.domain import alerts
 
 WRK_REPORT = """Running 3s test @ http://127.0.0.1:8080/api/v1/alerts
@@ -75,3 +77,29 @@ def test_no_postgres_leaves_only_sqlite_and_quick_caps_the_sizes(tmp_path, monke
     assert plan.quick
     assert plan.burst == 50
     assert max(plan.episode_counts) <= 10**4
+
+
+CALLGRIND_DUMP = """# callgrind format
+version: 1
+creator: callgrind-3.19.0
+pid: 8082
+cmd:  python -m remediator serve
+part: 1
+
+desc: Trigger: Client Request: dump
+positions: line
+events: Ir
+summary: 627364000
+fl= (1)
+fn= (1)
+0 3
+totals: 627364000
+"""
+
+
+def test_a_callgrind_dump_gives_its_instructions_and_a_missing_total_is_refused():
+    assert instructions.parse_totals(CALLGRIND_DUMP) == 627_364_000
+    got = instructions.Instructions(remediator=600_000.0, bare=450_000.0, deliveries=1000)
+    assert got.ratio == 0.75
+    with pytest.raises(ValueError, match="no totals"):
+        instructions.parse_totals(CALLGRIND_DUMP.replace("totals:", "total:"))
