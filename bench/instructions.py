@@ -36,7 +36,7 @@ from collections.abc import Iterator
 
 import aiohttp
 
-from bench import intake, procs, world
+from bench import intake, procs, reaction, world
 
 CONNECTIONS = 64
 DELIVERIES = 1000
@@ -87,12 +87,7 @@ async def _post_all(url: str, bodies: list[bytes], connections: int) -> None:
 
         async def sender() -> None:
             for body in pending:
-                async with session.post(
-                    f"{url}/api/v1/alerts", data=body, headers={"Content-Type": "application/json"}
-                ) as answer:
-                    await answer.read()
-                    if answer.status != 200:
-                        raise RuntimeError(f"{url} answered {answer.status} to a delivery")
+                await reaction.post(session, url, body)
 
         await asyncio.gather(*(sender() for _ in range(connections)))
 

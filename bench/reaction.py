@@ -40,13 +40,14 @@ class Burst:
         return self.cordoned / self.seconds if self.seconds else float("nan")
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: bytes) -> None:
+async def post(session: aiohttp.ClientSession, url: str, body: bytes) -> None:
+    """One delivery to the webhook; anything but 200 fails the measurement."""
     async with session.post(
         f"{url}/api/v1/alerts", data=body, headers={"Content-Type": "application/json"}
     ) as answer:
         await answer.read()
         if answer.status != 200:
-            raise RuntimeError(f"{url} answered {answer.status} to an alert")
+            raise RuntimeError(f"{url} answered {answer.status} to a delivery")
 
 
 async def reaction(
@@ -71,7 +72,7 @@ async def reaction(
                 await asyncio.sleep(delay)
             sent[node] = time.monotonic()
             body = world.alert_body(node, first_seq + n)
-            tasks.append(asyncio.create_task(_post(session, url, body)))
+            tasks.append(asyncio.create_task(post(session, url, body)))
         await asyncio.gather(*tasks)
         await seen.wait_for(set(targets), settle)
     latencies = [seen.cordoned[n] - sent[n] for n in targets if n in seen.cordoned]
@@ -95,7 +96,7 @@ async def burst(
 
         async def sender(share: list[tuple[str, bytes]]) -> None:
             for url, body in share:
-                await _post(session, url, body)
+                await post(session, url, body)
 
         await asyncio.gather(*(sender(queue[i::in_flight]) for i in range(in_flight)))
         await seen.wait_for(set(nodes), timeout)
