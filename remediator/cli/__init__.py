@@ -41,9 +41,9 @@ def settle_collector() -> None:
     it walks 160,000 objects. And the youngest generation is collected every
     ``YOUNG_COLLECTION`` allocations instead of every 700: with 64 webhook requests in flight
     each collection walked the objects of all of them, 5 % of the instructions a delivery
-    cost; a collection ten times rarer walks about as many objects (most of what a request
-    allocates is freed by its reference count before then), and the cyclic garbage it leaves
-    for longer is a few thousand objects at most.
+    cost. Collected ten times less often, fewer of them are walked at all (most of what a
+    request allocates is freed by its reference count before the next collection), and the
+    cyclic garbage left for longer is a few thousand objects at most.
     """
     gc.collect()
     gc.freeze()
