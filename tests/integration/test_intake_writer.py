@@ -344,6 +344,22 @@ async def test_the_counters_are_told_once_a_batch_before_its_deliveries_are_answ
     assert answered == [1, 1, 1, 2, 2]
 
 
+async def test_a_failing_count_still_answers_the_batch_and_the_next(db, clock, caplog):
+    def fail(_: intake.Tally) -> None:
+        raise ValueError("a counter refused")
+
+    made = intake.IntakeWriter(db, clock=clock, on_stored=fail)
+    task = asyncio.create_task(made.run())
+    try:
+        first = await asyncio.wait_for(made.store(delivery(am_payload(FIRING))), 10)
+        second = await asyncio.wait_for(made.store(delivery(am_payload(FIRING), tag="2")), 10)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert second.delivery_id == first.delivery_id + 1
+    assert "could not count a stored batch" in caplog.text
+
+
 def test_a_known_key_is_trusted_for_its_ttl_only():
     ticks = Ticks()
     known = intake.KnownEpisodes(ttl=60, monotonic=ticks)

@@ -206,7 +206,10 @@ class IntakeWriter:
                     future.set_exception(failure)
             return
         if self.on_stored is not None:
-            self.on_stored(_tally(batch, results))
+            try:
+                self.on_stored(_tally(batch, results))
+            except Exception:  # counting must never stop the writer: it answers every delivery
+                logger.exception("could not count a stored batch")
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)
