@@ -194,7 +194,9 @@ class Metrics:
         if kind in SUPPRESSIONS:
             self.runs_suppressed.labels(reason=SUPPRESSIONS[kind]).inc()
 
-    def count_stored(self, deliveries: int, firing: int, resolved: int, deduplicated: int) -> None:
+    def count_stored(
+        self, *, deliveries: int, firing: int, resolved: int, deduplicated: int
+    ) -> None:
         """A committed intake batch: its deliveries, their alerts by status, and those of them
         that changed nothing."""
         self.deliveries.inc(deliveries)

@@ -183,7 +183,7 @@ class Components:
             self.db,
             clock=clock,
             on_change=self.engine.wake,
-            on_stored=lambda tally: self.metrics.count_stored(*tally),
+            on_stored=lambda tally: self.metrics.count_stored(**tally._asdict()),
             keys=self.audit_keys,
         )
         self.audit = db_audit.AuditQueries(
