@@ -95,10 +95,11 @@ async def _post_all(url: str, bodies: list[bytes], connections: int) -> None:
 def _count(url: str, proc: procs.Proc, out: pathlib.Path, bodies: list[bytes], n: int) -> float:
     """Instructions a delivery for the first ``n`` bodies posted again, all of them stored."""
     asyncio.run(_post_all(url, bodies, CONNECTIONS))
-    control = ["callgrind_control"]
-    subprocess.run([*control, "-i", "on", str(proc.pid)], check=True, capture_output=True)
+    subprocess.run(
+        ["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True
+    )
     asyncio.run(_post_all(url, bodies[:n], CONNECTIONS))
-    subprocess.run([*control, "-d", str(proc.pid)], check=True, capture_output=True)
+    subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
     dump = pathlib.Path(f"{out}.{proc.pid}.1")  # the first dump of that process
     deadline = time.monotonic() + 60
     while not dump.exists() and time.monotonic() < deadline:
