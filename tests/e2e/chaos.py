@@ -32,9 +32,10 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.procs import free_port
 from remediator.sim import fleet as sim_fleet
 from tests.conftest import ROOT, am_payload
-from tests.e2e.procs import Serve, free_port
+from tests.e2e.procs import Serve
 
 THERMAL_NODES = ("gpu-node-01", "gpu-node-02", "gpu-node-03")
 """Where GPUTemperatureCritical fires (its playbook cordons, drains and undoes on resolve)."""

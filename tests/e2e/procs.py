@@ -6,7 +6,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,8 @@ from typing import Any
 
 import httpx
 
+from bench.procs import free_port
 from tests.conftest import ROOT
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Serve:

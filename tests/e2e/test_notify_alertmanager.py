@@ -14,9 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.procs import free_port
 from remediator.adapters import notify
 from remediator.ports import notify as port
-from tests.e2e.procs import free_port, wait_for
+from tests.e2e.procs import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 

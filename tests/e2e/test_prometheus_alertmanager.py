@@ -32,11 +32,12 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
+from bench.procs import free_port
 from remediator.adapters.db import database, tables
 from remediator.domain import audit
 from tests.conftest import ROOT, fresh_pg_database
 from tests.deploy import rulefiles
-from tests.e2e.procs import Serve, free_port, wait_for
+from tests.e2e.procs import Serve, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(180)]
 

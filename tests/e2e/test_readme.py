@@ -13,8 +13,9 @@ import time
 import httpx
 import pytest
 
+from bench.procs import free_port
 from tests.conftest import ROOT
-from tests.e2e.procs import free_port, wait_for
+from tests.e2e.procs import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

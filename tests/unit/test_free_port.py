@@ -1,0 +1,40 @@
+"""``bench.procs.free_port``: the port a test or benchmark hands to a child process to listen on
+must stay free until the child binds it, even while other sockets connect out."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+import pytest
+
+from bench import procs
+
+
+def test_the_port_is_below_the_range_outgoing_connections_draw_from() -> None:
+    floor = procs._ephemeral_floor()
+    for _ in range(20):
+        port = procs.free_port()
+        assert 10_000 <= port < floor
+        with socket.socket() as listener:
+            listener.bind((procs.LOOPBACK, port))  # free for the child to listen on
+            listener.listen()
+
+
+def test_workers_that_reseed_random_alike_still_pick_apart() -> None:
+    random.seed(7)
+    first = [procs.free_port() for _ in range(5)]
+    random.seed(7)
+    second = [procs.free_port() for _ in range(5)]
+    assert first != second
+
+
+def test_a_port_someone_listens_on_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as taken:
+        taken.bind((procs.LOOPBACK, procs.free_port()))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        free = procs.free_port()
+        picks = iter([busy, free])
+        monkeypatch.setattr(procs._PICK, "randrange", lambda low, high: next(picks))
+        assert procs.free_port() == free
