@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import dataclasses
 import datetime as dt
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -138,8 +137,8 @@ async def test_delivery_rows_are_stored_as_sqlalchemy_stores_them(db, clock):
     async with writer(db, clock) as w:
         for advance in (0.0, 0.25):
             clock.advance(advance)
-            made = dataclasses.replace(
-                delivery(payload, tag=f"-{advance}"), principal="alertmanager", remote="10.0.0.7"
+            made = delivery(payload, tag=f"-{advance}")._replace(
+                principal="alertmanager", remote="10.0.0.7"
             )
             stored = await w.store_together([made])
             row = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pydantic
 import pytest
 
 from remediator.domain import alerts
@@ -112,3 +113,49 @@ def test_the_quick_check_finds_what_the_full_walk_finds(name):
         raw["alerts"][0]["annotations"] = {f"a{i}": "x" for i in range(count)}
         payload = alerts.parse_payload(json.dumps(raw).encode())
         assert alerts.check_limits(payload) == alerts._limit_problems(payload), count
+
+
+class _Untouchable(dict):
+    """Labels that fail the test if anything reads their entries."""
+
+    def __iter__(self):
+        raise AssertionError("the labels were walked")
+
+    def __len__(self):
+        raise AssertionError("the labels were counted")
+
+    def values(self):
+        raise AssertionError("the labels were walked")
+
+
+def test_a_payload_parsed_within_the_bounds_is_not_walked_again():
+    """``parse_payload`` proves most deliveries storable as it parses them (pydantic's core
+    holds every entry within bounds under which none can exceed a limit); ``check_limits``
+    then reads none of their entries, where walking them in Python was 5 % of a delivery."""
+    payload = alerts.parse_payload(alert_body())
+    for alert in payload.alerts:
+        object.__setattr__(alert, "labels", _Untouchable(alert.labels))
+        object.__setattr__(alert, "annotations", _Untouchable(alert.annotations))
+    assert alerts.check_limits(payload) == []
+
+
+@pytest.mark.parametrize("length", [alerts.MAX_ANNOTATION_VALUE, alerts.MAX_ANNOTATION_VALUE + 1])
+def test_a_payload_beyond_the_bounds_is_still_parsed_and_walked(length):
+    """A label longer than the bounds (a 129-character model name fits its own limit) or an
+    annotation at its limit is parsed again without the bounds and each entry checked."""
+    raw = json.loads(alert_body())
+    raw["alerts"][0]["labels"]["modelName"] = "m" * 129
+    raw["alerts"][0]["annotations"]["description"] = "d" * length
+    payload = alerts.parse_payload(json.dumps(raw).encode())
+    assert payload.alerts[0].labels["modelName"] == "m" * 129
+    expected = [] if length == alerts.MAX_ANNOTATION_VALUE else ["alerts.0.annotations.description"]
+    assert _fields(alerts.check_limits(payload)) == expected
+
+
+def test_an_invalid_payload_beyond_the_bounds_names_what_is_invalid():
+    raw = json.loads(alert_body())
+    raw["alerts"][0]["labels"]["node"] = "n" * 300
+    raw["alerts"][0]["status"] = "exploded"
+    with pytest.raises(pydantic.ValidationError) as caught:
+        alerts.parse_payload(json.dumps(raw).encode())
+    assert [f["field"] for f in alerts.validation_fields(caught.value)] == ["alerts.0.status"]
