@@ -33,7 +33,6 @@ from remediator.domain import alerts, audit, errors
 
 logger = logging.getLogger("remediator.intake")
 _CHUNK = 200  # fingerprints a query: far below any backend's limit of bound parameters
-_DELIVERY_COLUMNS = tuple(c.name for c in tables.deliveries.c if c.name != "id")
 # SQLite: the batch's ids are chosen in its write transaction (``IntakeWriter._insert``), and
 # its rows sent as plain tuples in the table's column order, id first.
 _LAST_DELIVERY = "SELECT max(id) FROM deliveries"  # alone: one step down the primary key
@@ -242,19 +241,7 @@ class IntakeWriter:
         now: dt.datetime,
         known: dict[_Key, bool],
     ) -> _Written:
-        rows = [
-            (
-                d.payload.receiver,
-                d.payload.status.value,
-                d.payload.group_key,
-                len(d.payload.alerts),
-                d.principal,
-                d.remote,
-                d.body,
-            )
-            for d in batch
-        ]
-        ids = self._insert(conn, now, rows)
+        ids = self._insert(conn, now, batch)
         episodes, first_delivery = _merge_episodes(batch, ids, now, known)
         changed_keys: set[_Key] = set()
         firing: list[_Key] = []
@@ -312,40 +299,46 @@ class IntakeWriter:
         """A named delivery row's MAC with the audit key, or None without a key."""
         return None if self.keys is None else audit.mac(self.keys, audit.delivery_text(row))
 
-    def _insert(
-        self, conn: sa.Connection, now: dt.datetime, rows: list[tuple[Any, ...]]
-    ) -> list[int]:
-        """Insert the delivery rows (``_DELIVERY_COLUMNS`` but the first and the MAC), received
-        ``now``, each with its MAC; their ids, in order.
+    def _insert(self, conn: sa.Connection, now: dt.datetime, batch: list[Delivery]) -> list[int]:
+        """Insert the batch's delivery rows, received ``now``, each with its MAC; their ids, in
+        order.
 
         SQLite cannot tie the ids of one multi-row INSERT to its rows, so SQLAlchemy's ordered
         RETURNING falls back to one INSERT a delivery there. This transaction holds SQLite's
         only write lock (``BEGIN IMMEDIATE``), so the ids after the largest one are free until
         it commits: they are numbered here (the numbers SQLite would give: the largest rowid
         plus one; ``deliveries`` has no AUTOINCREMENT) and the rows go in as one executemany
-        of plain tuples, sent as they are (the batch shares one ``received_at``, converted
-        once): SQLAlchemy's per-row parameter processing cost more than SQLite's insert.
-        Postgres takes ordered RETURNING in one statement as it is.
+        of plain tuples in the table's column order, each built once, sent as they are (the
+        batch shares one ``received_at``, converted once): SQLAlchemy's per-row parameter
+        processing cost more than SQLite's insert. Postgres takes ordered RETURNING in one
+        statement as it is.
         """
-        named = (dict(zip(_DELIVERY_COLUMNS[:-1], (now, *row), strict=True)) for row in rows)
         if not self.db.is_sqlite:
-            params = list(named)
+            params = [_named(d, now) for d in batch]
             for row in params:
                 row["mac"] = self._mac(row)  # (of the row without it)
             return [row.id for row in conn.execute(self._insert_deliveries, params)]
         # (named rows only for the MACs: SQLite's go out as tuples)
-        macs = [self._mac(row) for row in named] if self.keys is not None else [None] * len(rows)
+        macs = [self._mac(_named(d, now)) for d in batch] if self.keys is not None else None
         received_at = _SQLITE_RECEIVED_AT(now)
         first = (conn.exec_driver_sql(_LAST_DELIVERY).scalar_one() or 0) + 1
-        ids = list(range(first, first + len(rows)))
-        conn.exec_driver_sql(
-            _INSERT_NUMBERED,
-            [
-                (delivery_id, received_at, *row, mac)
-                for delivery_id, row, mac in zip(ids, rows, macs, strict=True)
-            ],
-        )
-        return ids
+        rows = [
+            (
+                first + index,
+                received_at,
+                d.payload.receiver,
+                d.payload.status.value,
+                d.payload.group_key,
+                len(d.payload.alerts),
+                d.principal,
+                d.remote,
+                d.body,
+                None if macs is None else macs[index],
+            )
+            for index, d in enumerate(batch)
+        ]
+        conn.exec_driver_sql(_INSERT_NUMBERED, rows)
+        return list(range(first, first + len(rows)))
 
     def _upsert(self) -> Any:
         table = tables.alert_episodes
@@ -365,6 +358,20 @@ class IntakeWriter:
                 excluded.status == alerts.AlertStatus.RESOLVED.value,
             ),
         ).returning(table.c.fingerprint, table.c.starts_at, table.c.status)
+
+
+def _named(d: Delivery, now: dt.datetime) -> dict[str, Any]:
+    """A delivery's row by column name, its id and MAC left out."""
+    return {
+        "received_at": now,
+        "receiver": d.payload.receiver,
+        "status": d.payload.status.value,
+        "group_key": d.payload.group_key,
+        "alert_count": len(d.payload.alerts),
+        "principal": d.principal,
+        "remote": d.remote,
+        "body": d.body,
+    }
 
 
 def _tally(batch: list[tuple[Delivery, asyncio.Future[Stored]]], results: list[Stored]) -> Tally:
