@@ -10,51 +10,19 @@ import ctypes.util
 import dataclasses
 import os
 import pathlib
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 
+from remediator.demo.processes import free_port as free_port  # (the demo's: one way to pick)
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
-
-
-_LOWEST_PORT = 10_000
-_PICK = random.SystemRandom()  # the test runner reseeds ``random`` alike in every worker
-
-
-def _ephemeral_floor() -> int:
-    try:
-        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32_768
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on, for a child process to listen on later.
-
-    It comes from below the kernel's ephemeral range: a port ``bind(0)`` hands out is one that
-    every outgoing connection on the machine draws from as well, so in the seconds before the
-    child binds it a client socket (a probe, a scrape, a webhook) can take it and the child
-    fails with "address already in use". Below the range only another listener can race for
-    it, and the pick is random so parallel workers rarely meet.
-    """
-    ceiling = _ephemeral_floor()
-    for _ in range(200):
-        port = _PICK.randrange(_LOWEST_PORT, ceiling)
-        with socket.socket() as sock:
-            try:
-                sock.bind((LOOPBACK, port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free loopback port between {_LOWEST_PORT} and {ceiling}")
 
 
 def cpus() -> int:

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import os
 import pathlib
+import random
 import secrets
 import signal
 import socket
@@ -125,10 +126,36 @@ def _exit_with_parent(parent: int) -> Callable[[], None] | None:
     return preexec
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
+_LOWEST_PORT = 10_000
+_PICK = random.SystemRandom()  # the test runner reseeds ``random`` alike in every worker
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on, for a child process to listen on later.
+
+    It comes from below the kernel's ephemeral range: a port ``bind(0)`` hands out is one that
+    every outgoing connection on the machine draws from as well, so in the seconds before the
+    child binds it a client socket (a probe, a scrape, a webhook) can take it and the child
+    fails with "address already in use". Below the range only another listener can race for
+    it, and the pick is random so parallel workers rarely meet.
+    """
+    ceiling = _ephemeral_floor()
+    for _ in range(200):
+        port = _PICK.randrange(_LOWEST_PORT, ceiling)
+        with socket.socket() as sock:
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port between {_LOWEST_PORT} and {ceiling}")
 
 
 @dataclasses.dataclass
@@ -176,7 +203,7 @@ async def server(
     """``remediator serve`` exactly as users run it; stopped with SIGTERM (then SIGKILL)."""
     tokens_file = workdir / "tokens.yaml"
     tokens.write(tokens_file)
-    port = _free_port()
+    port = free_port()
     env = server_env(workdir=workdir, rules=rules, sim=sim, tokens_file=tokens_file, port=port)
     log = workdir / "serve.log"
     with log.open("ab") as out:

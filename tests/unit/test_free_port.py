@@ -1,5 +1,6 @@
-"""``bench.procs.free_port``: the port a test or benchmark hands to a child process to listen on
-must stay free until the child binds it, even while other sockets connect out."""
+"""``free_port`` (the demo's, which the tests and benchmarks use too): the port handed to a
+child process to listen on must stay free until the child binds it, even while other sockets
+connect out."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import socket
 
 import pytest
 
-from bench import procs
+from remediator.demo import processes as procs
 
 
 def test_the_port_is_below_the_range_outgoing_connections_draw_from() -> None:
