@@ -144,9 +144,14 @@ def free_port() -> int:
     every outgoing connection on the machine draws from as well, so in the seconds before the
     child binds it a client socket (a probe, a scrape, a webhook) can take it and the child
     fails with "address already in use". Below the range only another listener can race for
-    it, and the pick is random so parallel workers rarely meet.
+    it, and the pick is random so parallel workers rarely meet. On a machine whose ephemeral
+    range starts too low to leave such ports, the kernel's pick.
     """
     ceiling = _ephemeral_floor()
+    if ceiling < _LOWEST_PORT + 1000:
+        with socket.socket() as sock:
+            sock.bind((LOOPBACK, 0))
+            return int(sock.getsockname()[1])
     for _ in range(200):
         port = _PICK.randrange(_LOWEST_PORT, ceiling)
         with socket.socket() as sock:

@@ -39,3 +39,12 @@ def test_a_port_someone_listens_on_is_passed_over(monkeypatch: pytest.MonkeyPatc
         picks = iter([busy, free])
         monkeypatch.setattr(procs._PICK, "randrange", lambda low, high: next(picks))
         assert procs.free_port() == free
+
+
+def test_an_ephemeral_range_that_leaves_no_room_below_gets_the_kernels_pick(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(procs, "_ephemeral_floor", lambda: 1024)
+    port = procs.free_port()
+    with socket.socket() as listener:
+        listener.bind((procs.LOOPBACK, port))
