@@ -6,6 +6,8 @@ import json
 
 import pydantic
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from remediator.domain import alerts
 from tests.support.alerts import alert_body
@@ -159,3 +161,47 @@ def test_an_invalid_payload_beyond_the_bounds_names_what_is_invalid():
     with pytest.raises(pydantic.ValidationError) as caught:
         alerts.parse_payload(json.dumps(raw).encode())
     assert [f["field"] for f in alerts.validation_fields(caught.value)] == ["alerts.0.status"]
+
+
+_LENGTHS = st.sampled_from([0, 1, 40, 127, 128, 129, 253, 254, 256, 257, 1024, 1025, 4096, 4097])
+_NAMES = st.one_of(
+    st.sampled_from(["alertname", "node", "instance", "Hostname", "gpu", "UUID", "team"]),
+    _LENGTHS.map(lambda n: "k" * n),
+)
+_VALUES = st.one_of(
+    _LENGTHS.map(lambda n: "v" * n),
+    _LENGTHS.map(lambda n: "v" * n + ":9400"),
+    st.integers(),  # invalid: a label value is a string
+)
+
+
+def _plain(body: bytes) -> tuple[str, list[dict[str, str]]]:
+    """What the plain model and the full walk make of a body."""
+    try:
+        payload = alerts.WebhookPayload.model_validate_json(body)
+    except pydantic.ValidationError as e:
+        return "invalid", alerts.validation_fields(e)
+    return "parsed", alerts._limit_problems(payload)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    labels=st.dictionaries(_NAMES, _VALUES, max_size=4),
+    annotations=st.dictionaries(_NAMES, _VALUES, max_size=3),
+    extra=st.sampled_from([0, alerts.MAX_ENTRIES - 1, alerts.MAX_ENTRIES + 1]),
+)
+def test_the_parser_and_the_plain_model_with_the_full_walk_agree(labels, annotations, extra):
+    """Whatever labels and annotations arrive, ``parse_payload`` then ``check_limits`` answer
+    exactly what the plain model and the walk of every entry answer: the same validation
+    errors, or the same storage problems, or none."""
+    raw = json.loads(alert_body())
+    raw["alerts"][0]["labels"] = {"alertname": "GPUXidError79"} | labels
+    raw["alerts"][0]["annotations"] = annotations | {f"a{i}": "x" for i in range(extra)}
+    body = json.dumps(raw).encode()
+    try:
+        payload = alerts.parse_payload(body)
+    except pydantic.ValidationError as e:
+        ours = ("invalid", alerts.validation_fields(e))
+    else:
+        ours = ("parsed", alerts.check_limits(payload))
+    assert ours == _plain(body)
