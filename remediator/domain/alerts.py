@@ -112,6 +112,7 @@ MAX_ENTRIES = 128  # labels, or annotations, of one alert
 MAX_NAME = 256  # a label or annotation name
 MAX_LABEL_VALUE = 4096
 MAX_ANNOTATION_VALUE = 32768
+MAX_ALERTS = 10_000  # of one delivery
 
 # No label value of at most this length exceeds its limit, whatever the label's name (the node
 # taken from ``instance`` is never longer than the label).
@@ -154,7 +155,7 @@ class WebhookPayload(_Tolerant):
     version: str = "4"
     receiver: str = pydantic.Field(default="", max_length=1024)
     status: AlertStatus
-    alerts: list[Alert] = pydantic.Field(max_length=10_000)
+    alerts: list[Alert] = pydantic.Field(max_length=MAX_ALERTS)
     group_labels: LabelSet = pydantic.Field(default_factory=dict, alias="groupLabels")
     common_labels: LabelSet = pydantic.Field(default_factory=dict, alias="commonLabels")
     common_annotations: LabelSet = pydantic.Field(default_factory=dict, alias="commonAnnotations")
@@ -191,7 +192,7 @@ class _StorablePayload(WebhookPayload):
     it in the parser took a few constraints in compiled code, where walking every entry of
     every alert in Python was 5 % of a delivery's instructions."""
 
-    alerts: list[_StorableAlert] = pydantic.Field(max_length=10_000)  # type: ignore[assignment]
+    alerts: list[_StorableAlert] = pydantic.Field(max_length=MAX_ALERTS)  # type: ignore[assignment]
 
 
 def validation_fields(error: pydantic.ValidationError) -> list[dict[str, str]]:
