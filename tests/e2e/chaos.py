@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 import yaml
 
-from bench.procs import free_port
+from remediator.demo.processes import free_port
 from remediator.sim import fleet as sim_fleet
 from tests.conftest import ROOT, am_payload
 from tests.e2e.procs import Serve

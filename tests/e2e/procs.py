@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from bench.procs import free_port
+from remediator.demo.processes import free_port
 from tests.conftest import ROOT
 
 

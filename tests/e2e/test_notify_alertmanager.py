@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.procs import free_port
 from remediator.adapters import notify
+from remediator.demo.processes import free_port
 from remediator.ports import notify as port
 from tests.e2e.procs import wait_for
 

@@ -32,8 +32,8 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from bench.procs import free_port
 from remediator.adapters.db import database, tables
+from remediator.demo.processes import free_port
 from remediator.domain import audit
 from tests.conftest import ROOT, fresh_pg_database
 from tests.deploy import rulefiles

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from bench.procs import free_port
+from remediator.demo.processes import free_port
 from tests.conftest import ROOT
 from tests.e2e.procs import wait_for
 

@@ -10,7 +10,7 @@ import sys
 import httpx
 from kubernetes_asyncio import client
 
-from bench.procs import free_port
+from remediator.demo.processes import free_port
 from remediator.sim import testing
 from tests.integration.sim.conftest import configuration
 from tests.integration.sim.test_admin_and_faults import admin
