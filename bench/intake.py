@@ -2,8 +2,10 @@
 
 wrk (one thread, 64 connections) runs pinned to CPU 0 and the server to CPU 1; a Lua script
 posts realistic Alertmanager 0.25 deliveries (``ingest.deliveries``: mostly repeats, 3 % new
-episodes). Then wrk again at about half of the bare server's rate (connections that pause
-between requests) gives the latency at half load.
+episodes). The two servers are driven in turn, a few rounds each (``alternating``), so
+both meet the same minutes of a machine whose speed drifts. Then wrk again at about half of
+the bare server's rate (connections that pause between requests) gives the latency at half
+load.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Iterator
 from bench import ingest, procs
 
 CONNECTIONS = 64
+ROUNDS = 4  # turns each server takes at saturation (``alternating``): even, see there
 LUA = """
 local bodies = {}
 local n = 0
@@ -129,11 +132,45 @@ def bare(workdir: pathlib.Path) -> Iterator[str]:
         yield url
 
 
-def measure(url: str, workdir: pathlib.Path, seconds: float, half_rate: float | None) -> Intake:
-    wrk(url, workdir, 1)  # warm-up
-    top = wrk(url, workdir, seconds)
-    half = half_load(url, workdir, half_rate or top.rate / 2, seconds)
-    return Intake(
+def combined(segments: list[WrkResult]) -> WrkResult:
+    """Runs of equal length as one: their mean rate, errors summed, and the worst p50 and
+    p99 (percentiles of separate runs do not combine; the worst does not flatter)."""
+    return WrkResult(
+        rate=sum(s.rate for s in segments) / len(segments),
+        p50=max(s.p50 for s in segments),
+        p99=max(s.p99 for s in segments),
+        errors=sum(s.errors for s in segments),
+    )
+
+
+def alternating(
+    urls: list[str], workdir: pathlib.Path, seconds: float, rounds: int = ROUNDS
+) -> list[WrkResult]:
+    """Each server at saturation for ``seconds`` in all, in ``rounds`` turns taken in order.
+
+    The machine's speed moves from minute to minute (the bare server alone did 7,464-11,266
+    deliveries/s on one machine in one day), so a ratio of two rates measured one after the
+    other moved ±10 % with the minute it fell in. Taken in turns, both servers meet the same
+    minutes; the order turns round each round (A B, B A, A B, B A: over an even number of
+    rounds a steady drift favours neither), and each turn is a whole wrk run, combined as
+    ``combined`` says."""
+    for url in urls:
+        wrk(url, workdir, 1)  # warm-up
+    turns: dict[str, list[WrkResult]] = {url: [] for url in urls}
+    for n in range(rounds):
+        for url in urls if n % 2 == 0 else urls[::-1]:
+            turns[url].append(wrk(url, workdir, seconds / rounds))
+    return [combined(turns[url]) for url in urls]
+
+
+def measure(
+    url: str, bare_url: str, workdir: pathlib.Path, seconds: float
+) -> tuple[Intake, WrkResult]:
+    """``url`` and the bare server at saturation in turns, then ``url`` at half the bare
+    server's rate; the bare server's combined saturated result too."""
+    top, bare = alternating([url, bare_url], workdir, seconds)
+    half = half_load(url, workdir, bare.rate / 2, seconds)
+    got = Intake(
         rate=top.rate,
         p99=top.p99,
         half_rate=half.rate,
@@ -141,3 +178,4 @@ def measure(url: str, workdir: pathlib.Path, seconds: float, half_rate: float | 
         half_p99=half.p99,
         errors=top.errors + half.errors,
     )
+    return got, bare
