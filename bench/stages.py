@@ -107,7 +107,7 @@ def intake(plan: Plan) -> list[Row]:
                 world.serve(workdir, database_url=url, worker=f"intake-{backend}") as server,
             ):
                 got, bare = intake_mod.measure(server.url, bare_url, workdir, plan.duration)
-            if not rows:  # the bare server's own row, from its turns beside SQLite's
+            if backend == "sqlite":  # the bare server's own row, from its turns beside SQLite's
                 half = intake_mod.half_load(bare_url, workdir, bare.rate / 2, plan.duration)
                 rows.append(
                     Row(
