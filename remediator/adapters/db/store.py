@@ -264,52 +264,99 @@ def _held_row(kind: _Kind, row_id: int, held: _Held) -> list[Any]:
     return [values[name] for name in _held_names(kind)]
 
 
-@functools.cache
-def _held_update(postgres: bool, kind: _Kind, count: int) -> Any:
-    """``UPDATE ... FROM``: held changes of one ``kind`` in one statement, each row (of steps
-    and runs) returned only if it still was as expected.
-
-    On Postgres the rows come as one array a column (``unnest``), ``count`` ignored: the
-    statement is the same whatever the number of rows, a parameter a column. As a ``VALUES``
-    list of a cast placeholder a value, padded to one of a few sizes, 50 held step changes
-    cost Postgres 3.3-3.8 ms of CPU and the server (bind processing, psycopg2's quoting)
-    2.95-3.23 ms; as arrays 2.0-2.3 and 1.22-1.25. On SQLite, ``count`` rows of ``VALUES``, a
-    placeholder each."""
+def _held_sql(kind: _Kind, source: str, *, before: str = "") -> str:
+    """The ``UPDATE`` of held changes of ``kind`` from ``source`` (after ``before``), rows
+    named ``v`` with the columns of ``_held_names`` (only the table's column names, fixed
+    statuses and placeholders are put in the text)."""
     table = _HELD_TABLES[kind.table]
-    names = _held_names(kind)
-    types = {"id": table.c.id.type, "w_status": S.c.status.type, "w_owner": S.c.lease_owner.type}
-    types |= {name: table.c[name].type for name in kind.columns}
     where = [f"{table.name}.id = v.id"]
     where += ["steps.status = v.w_status"] if table is S else []
     where += ["steps.lease_owner = v.w_owner"] if kind.owner else []
     if kind.sources:  # statuses of the run state machine, never outside input
         where.append(f"runs.status IN ({', '.join(repr(status) for status in kind.sources)})")
     assignments = ", ".join(f"{name} = v.{name}" for name in kind.columns)
-    # (only the table's column names, fixed statuses and placeholders are put in the text)
-    if postgres:
-        arrays = ", ".join(
-            f"CAST(:{name} AS {types[name].compile(dialect=_POSTGRES)}[])" for name in names
-        )
-        sql = (
-            f"UPDATE {table.name} SET {assignments} "  # noqa: S608
-            f"FROM unnest({arrays}) AS v({', '.join(names)}) WHERE {' AND '.join(where)}"
-        )
-        binds = [sa.bindparam(name, type_=postgresql.ARRAY(types[name])) for name in names]
-    else:
-        rows = ", ".join(
-            "(" + ", ".join(f":{name}_{n}" for name in names) + ")" for n in range(count)
-        )
-        sql = (
-            f"WITH v({', '.join(names)}) AS (VALUES {rows}) "  # noqa: S608
-            f"UPDATE {table.name} SET {assignments} FROM v WHERE {' AND '.join(where)}"
-        )
-        binds = [
-            sa.bindparam(f"{name}_{n}", type_=types[name]) for n in range(count) for name in names
-        ]
+    sql = f"{before}UPDATE {table.name} SET {assignments} FROM {source} WHERE "  # noqa: S608
+    sql += " AND ".join(where)
     if table is E:  # unconditional and unsealed: nothing to read back
+        return sql
+    return f"{sql} RETURNING {', '.join(f'{table.name}.{column.name}' for column in table.c)}"
+
+
+def _held_types(kind: _Kind) -> dict[str, sa.types.TypeEngine[Any]]:
+    table = _HELD_TABLES[kind.table]
+    types = {"id": table.c.id.type, "w_status": S.c.status.type, "w_owner": S.c.lease_owner.type}
+    return types | {name: table.c[name].type for name in kind.columns}
+
+
+@functools.cache
+def _held_update(kind: _Kind) -> Any:
+    """``UPDATE ... FROM``: held changes of one ``kind`` in one statement, each row (of steps
+    and runs) returned only if it still was as expected. Postgres only (SQLite's go out as
+    plain tuples: ``_raw_held``).
+
+    The rows come as one array a column (``unnest``): the statement is the same whatever
+    the number of rows, a parameter a column. As a ``VALUES`` list of a cast placeholder a
+    value, padded to one of a few sizes, 50 held step changes cost Postgres 3.3-3.8 ms of CPU
+    and the server (bind processing, psycopg2's quoting) 2.95-3.23 ms; as arrays 2.0-2.3 and
+    1.22-1.25."""
+    table = _HELD_TABLES[kind.table]
+    names = _held_names(kind)
+    types = _held_types(kind)
+    arrays = ", ".join(
+        f"CAST(:{name} AS {types[name].compile(dialect=_POSTGRES)}[])" for name in names
+    )
+    sql = _held_sql(kind, f"unnest({arrays}) AS v({', '.join(names)})")
+    binds = [sa.bindparam(name, type_=postgresql.ARRAY(types[name])) for name in names]
+    if table is E:
         return sa.text(sql).bindparams(*binds)
-    returning = ", ".join(f"{table.name}.{column.name}" for column in table.c)
-    return sa.text(f"{sql} RETURNING {returning}").bindparams(*binds).columns(*table.c)
+    return sa.text(sql).bindparams(*binds).columns(*table.c)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RawHeld:
+    """Held changes of one kind as SQLite takes them: a ``?`` a value, a few row counts."""
+
+    sql: dict[int, str]  # by row count, one of ``_HELD_SIZES``
+    binds: tuple[Callable[[Any], Any] | None, ...]  # a value's conversion, by ``_held_names``
+    padding: tuple[Any, ...]  # a row of id 0 (no row has it), converted
+    columns: tuple[str, ...]  # the columns returned, in the table's order (id first)
+    results: tuple[Callable[[Any], Any] | None, ...]  # a returned value's conversion
+
+    def named(self, row: Sequence[Any]) -> dict[str, Any]:
+        """A returned row by column name, its values as SQLAlchemy would read them."""
+        return {
+            name: value if result is None else result(value)
+            for name, result, value in zip(self.columns, self.results, row, strict=True)
+        }
+
+
+@functools.lru_cache(maxsize=256)
+def _raw_held(kind: _Kind, dialect: sa.Dialect) -> _RawHeld:
+    """The statements and conversions of held changes of ``kind`` on SQLite (a statement for
+    a few row counts only: one for each count from 1 to 128 was more compiling than running
+    in a storm; the rest of a statement's rows are padding)."""
+    table = _HELD_TABLES[kind.table]
+    names = _held_names(kind)
+    types = _held_types(kind)
+    binds = tuple(types[name].dialect_impl(dialect).bind_processor(dialect) for name in names)
+    empty = _held_row(kind, 0, _Held(None, None, (), dict.fromkeys(kind.columns)))
+    padding = tuple(v if bind is None else bind(v) for bind, v in zip(binds, empty, strict=True))
+    row = "(" + ", ".join("?" for _ in names) + ")"
+    values = f"WITH v({', '.join(names)}) AS (VALUES "
+    sql = {
+        size: _held_sql(kind, "v", before=f"{values}{', '.join([row] * size)}) ")
+        for size in _HELD_SIZES
+    }
+    assert table.c[0].name == "id"
+    return _RawHeld(
+        sql=sql,
+        binds=binds,
+        padding=padding,
+        columns=tuple(column.name for column in table.c),
+        results=tuple(
+            column.type.dialect_impl(dialect).result_processor(dialect, None) for column in table.c
+        ),
+    )
 
 
 def episode_from_row(row: Any) -> records.Episode:
@@ -1478,24 +1525,36 @@ class SqlTx:
         """One statement for ``changes``: the digests of the rows it wrote, by id."""
         names = _held_names(kind)
         rows = [_held_row(kind, row_id, held) for row_id, held in changes]
-        params: dict[str, Any]
-        if self.db.is_postgres:  # a list a column
-            statement = _held_update(True, kind, 0)
-            columns = zip(*rows, strict=True)
-            params = {name: list(column) for name, column in zip(names, columns, strict=True)}
-        else:  # a placeholder a value, padded with rows of id 0
-            size = next(size for size in _HELD_SIZES if size >= len(changes))
-            statement = _held_update(False, kind, size)
-            padding = _held_row(kind, 0, _Held(None, None, (), dict.fromkeys(kind.columns)))
-            params = {
-                f"{name}_{n}": value
-                for n, row in enumerate([*rows, *[padding] * (size - len(rows))])
-                for name, value in zip(names, row, strict=True)
-            }
-        result = self.conn.conn.execute(statement, params)
+        if not self.db.is_postgres:
+            return self._write_held_sqlite(kind, rows)
+        # a list a column
+        columns = zip(*rows, strict=True)
+        params = {name: list(column) for name, column in zip(names, columns, strict=True)}
+        result = self.conn.conn.execute(_held_update(kind), params)
         if kind.table == E.name:
             return {}
         return {str(row.id): audit.row_digest(kind.table, dict(row._mapping)) for row in result}
+
+    def _write_held_sqlite(self, kind: _Kind, rows: list[list[Any]]) -> dict[str, str]:
+        """``_write_held`` on SQLite: a placeholder a value, padded with rows of id 0, sent
+        as one plain tuple; each value converted by its column's type once, as SQLAlchemy
+        would, and the rows written read back the same way. Through SQLAlchemy, the bind
+        parameters a row (named, padding included) and the rows' typed results were half of
+        the statement's cost (a held claim: 100 µs of CPU a step)."""
+        raw = _raw_held(kind, self.conn.conn.dialect)
+        size = next(size for size in _HELD_SIZES if size >= len(rows))
+        params: list[Any] = []
+        for row in rows:
+            params += [
+                value if bind is None else bind(value)
+                for bind, value in zip(raw.binds, row, strict=True)
+            ]
+        params += raw.padding * (size - len(rows))
+        result = self.conn.conn.exec_driver_sql(raw.sql[size], tuple(params))
+        if kind.table == E.name:
+            return {}
+        digest = audit.row_digest
+        return {str(row[0]): digest(kind.table, raw.named(row)) for row in result}
 
     def _seal_written(self, written: dict[str, dict[str, str]]) -> None:
         """The events that sealed held rows get their digests, as written."""
