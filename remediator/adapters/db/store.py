@@ -319,7 +319,7 @@ class _RawHeld:
     sql: dict[int, str]  # by row count, one of ``_HELD_SIZES``
     binds: tuple[Callable[[Any], Any] | None, ...]  # a value's conversion, by ``_held_names``
     padding: tuple[Any, ...]  # a row of id 0 (no row has it), converted
-    columns: tuple[str, ...]  # the columns returned, in the table's order (id first)
+    columns: tuple[str, ...]  # the columns returned, in the table's order
     results: tuple[Callable[[Any], Any] | None, ...]  # a returned value's conversion
 
     def named(self, row: Sequence[Any]) -> dict[str, Any]:
@@ -347,7 +347,6 @@ def _raw_held(kind: _Kind, dialect: sa.Dialect) -> _RawHeld:
         size: _held_sql(kind, "v", before=f"{values}{', '.join([row] * size)}) ")
         for size in _HELD_SIZES
     }
-    assert table.c[0].name == "id"
     return _RawHeld(
         sql=sql,
         binds=binds,
@@ -1553,8 +1552,8 @@ class SqlTx:
         result = self.conn.conn.exec_driver_sql(raw.sql[size], tuple(params))
         if kind.table == E.name:
             return {}
-        digest = audit.row_digest
-        return {str(row[0]): digest(kind.table, raw.named(row)) for row in result}
+        written = map(raw.named, result)
+        return {str(row["id"]): audit.row_digest(kind.table, row) for row in written}
 
     def _seal_written(self, written: dict[str, dict[str, str]]) -> None:
         """The events that sealed held rows get their digests, as written."""
