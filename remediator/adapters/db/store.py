@@ -1522,11 +1522,11 @@ class SqlTx:
 
     def _write_held(self, kind: _Kind, changes: list[tuple[int, _Held]]) -> dict[str, str]:
         """One statement for ``changes``: the digests of the rows it wrote, by id."""
-        names = _held_names(kind)
         rows = [_held_row(kind, row_id, held) for row_id, held in changes]
         if not self.db.is_postgres:
             return self._write_held_sqlite(kind, rows)
         # a list a column
+        names = _held_names(kind)
         columns = zip(*rows, strict=True)
         params = {name: list(column) for name, column in zip(names, columns, strict=True)}
         result = self.conn.conn.execute(_held_update(kind), params)
