@@ -8,7 +8,8 @@ applied here, inside one store transaction each. This module is the only caller 
   undo run once the run has ended, and ends the playbook's cooldown for the run's target, so
   a new episode after the fix was undone is handled again).
 - ``start_run``: a pending run takes its locks (the node, a playbook concurrency slot) and
-  starts; without them it stays pending and is tried again later.
+  starts; without them it stays pending and is tried again later. ``reserve_starts`` takes
+  them for a pass's pending runs together first (one statement for all of them).
 - ``advance_run``: a running run with no active step either makes its next step due, parks it
   for approval, or finishes the run. A running run whose alert resolved is advanced too: its
   steps that went back to ``pending`` (a lost lease, a retry) are cancelled, never left waiting
@@ -31,7 +32,7 @@ import dataclasses
 import datetime as dt
 import itertools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from remediator.domain import (
     alerts,
@@ -343,15 +344,85 @@ def gpu_lock_key(node: str, gpu: str) -> str:
     return f"gpu:{node}/{gpu}"
 
 
-def start_run(
-    tx: store.Tx, run: records.Run, *, concurrency: int, report: Report | None = None
-) -> bool:
-    taken: list[str] = []
+def _target_locks(run: records.Run) -> list[str]:
+    """The lock a run's target takes: its node (exclusive), its GPU, or none."""
     if run.exclusive and run.node:
-        taken.append(node_lock_key(run.node))
-    elif run.node and run.gpu:
-        taken.append(gpu_lock_key(run.node, run.gpu))
+        return [node_lock_key(run.node)]
+    if run.node and run.gpu:
+        return [gpu_lock_key(run.node, run.gpu)]
+    return []
+
+
+def _slots(prefix: str, first: int, concurrency: int) -> Iterable[str]:
+    return (f"{prefix}{slot}" for slot in itertools.chain(range(first, concurrency), range(first)))
+
+
+def reserve_starts(
+    tx: store.Tx, pending: Sequence[records.Run], concurrency: Callable[[records.Run], int]
+) -> dict[int, frozenset[str]]:
+    """The locks each of ``pending`` would take first to start (its node or GPU, and the
+    first free slot of its playbook, as ``start_run`` picks them), taken for all of them in
+    one statement: by run id, the keys each now holds (``start_run``'s ``reserved``). A run
+    whose node another run of the batch wants, or whose playbook has no free slot, is left
+    out: it starts, or waits, the way a run alone does.
+
+    A start took its locks in a statement of its own: on Postgres a round trip a run, the
+    largest part of a pass over new alerts (1,338 of a pass's statements for 1,500 alerts
+    at 100/s, 1.4 ms each). The caller releases what a run it does not start holds
+    (``release_reserved``)."""
+    wanted: dict[str, int] = {}
+    slots_wanted: dict[str, int] = {}  # by playbook prefix: slots of the batch
+    for run in pending:
+        taken = _target_locks(run)
+        if any(key in wanted for key in taken):
+            continue
+        prefix = f"slot:{run.playbook}:"
+        held = tx.held_keys(prefix)
+        limit = concurrency(run)
+        if len(held) + slots_wanted.get(prefix, 0) >= limit:
+            continue
+        free = (key for key in _slots(prefix, run.id % limit, limit) if key not in held)
+        slot = next((key for key in free if key not in wanted), None)
+        if slot is None:
+            continue
+        for key in [*taken, slot]:
+            wanted[key] = run.id
+        slots_wanted[prefix] = slots_wanted.get(prefix, 0) + 1
+    got = tx.take_locks(wanted)
+    reserved: dict[int, set[str]] = {}
+    for key, run_id in wanted.items():
+        reserved.setdefault(run_id, set())
+        if key in got:
+            reserved[run_id].add(key)
+    return {run_id: frozenset(keys) for run_id, keys in reserved.items()}
+
+
+def release_reserved(tx: store.Tx, reserved: Iterable[str]) -> None:
+    """Give up locks ``reserve_starts`` took for a run that did not start with them."""
+    keys = list(reserved)
+    if keys:
+        tx.release_locks(keys)
+
+
+def start_run(
+    tx: store.Tx,
+    run: records.Run,
+    *,
+    concurrency: int,
+    report: Report | None = None,
+    reserved: frozenset[str] | None = None,
+) -> bool:
+    """Take the run's locks and start it; ``reserved``: the locks ``reserve_starts`` took for
+    it (it starts with them if they are all it needs; else they are given up first)."""
+    taken = _target_locks(run)
     prefix = f"slot:{run.playbook}:"
+    if reserved is not None:
+        if all(key in reserved for key in taken) and any(
+            key.startswith(prefix) for key in reserved
+        ):
+            tx.apply(transitions.move_run(run, runs.RunStatus.RUNNING, reason="locks acquired"))
+            return True
+        release_reserved(tx, reserved)
     held = tx.held_keys(prefix)
     # A run looks for a slot from its own (its id modulo the concurrency) up. Runs started
     # at the same time by two replicas, which read the same held slots, look from different
@@ -360,9 +431,7 @@ def start_run(
     # and one replica's starts would queue behind the other's. A storm's runs, whose ids
     # follow each other, find theirs free at once, not after every held one (quadratic in
     # its active runs).
-    first = run.id % concurrency
-    slots = itertools.chain(range(first, concurrency), range(first))
-    free = (key for key in (f"{prefix}{slot}" for slot in slots) if key not in held)
+    free = (key for key in _slots(prefix, run.id % concurrency, concurrency) if key not in held)
     # The node (or GPU) and the first free slot in one statement; a slot someone else took
     # meanwhile, the next one (a run is only tried while its node looks free: the startable
     # runs are those whose node no other run holds).

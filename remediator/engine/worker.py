@@ -340,22 +340,35 @@ class Engine:
         started = False
         pending = tx.lock_pending_runs(self.settings.batch)
         tx.read_runs(run.id for run in pending)  # their steps and episodes, in two statements
+
+        def concurrency(run: records.Run) -> int:
+            playbook = index.get(run.playbook)
+            return playbook.concurrency if playbook else 1
+
+        # every run's locks in one statement; a run that does not start gives its up
+        reserved = lifecycle.reserve_starts(tx, pending, concurrency)
         for n, run in enumerate(pending):
             if n and tx.should_yield():
-                return True  # come back for the rest
-            playbook = index.get(run.playbook)
-            concurrency = playbook.concurrency if playbook else 1
-            started |= bool(
-                isolation.run_unit(
+                for later in pending[n:]:  # come back for the rest
+                    lifecycle.release_reserved(tx, reserved.get(later.id, ()))
+                return True
+            began = isolation.run_unit(
+                tx,
+                f"start:{run.id}",
+                functools.partial(
+                    lifecycle.start_run,
                     tx,
-                    f"start:{run.id}",
-                    functools.partial(
-                        lifecycle.start_run, tx, run, concurrency=concurrency, report=done.report
-                    ),
-                    quarantine=self._quarantine_run(tx, run.id, done.report),
+                    run,
+                    concurrency=concurrency(run),
                     report=done.report,
-                )
+                    reserved=reserved.get(run.id),
+                ),
+                quarantine=self._quarantine_run(tx, run.id, done.report),
+                report=done.report,
             )
+            if began is None:  # failed: its unit's changes are undone, not the reservation
+                lifecycle.release_reserved(tx, reserved.get(run.id, ()))
+            started |= bool(began)
         return started
 
     async def advance_runs(self) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, Protocol, TypeVar, overload
 
@@ -142,6 +142,11 @@ class Tx(Protocol):
         self, keys: Sequence[str], *, run_id: int | None, expires_at: dt.datetime | None
     ) -> set[str]:
         """``try_lock`` of each of ``keys`` (in one statement): the ones taken."""
+        ...
+
+    def take_locks(self, wanted: Mapping[str, int]) -> set[str]:
+        """``try_lock`` of each key for its own run (key: run id), in one statement whatever
+        their number: the keys taken."""
         ...
 
     def effect_ledger(

@@ -12,7 +12,7 @@ import datetime as dt
 import functools
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, TypeVar, overload
 
@@ -1958,6 +1958,24 @@ class SqlTx:
         )
         for prefix, held in self._held.items():
             held.update(key for key in keys if key.startswith(prefix))
+        return {row.key for row in taken}
+
+    def take_locks(self, wanted: Mapping[str, int]) -> set[str]:
+        """``try_lock`` of each key for its own run, in one statement: the keys taken. In
+        the keys' order: two replicas taking overlapping keys each wait for the other's
+        (Postgres waits on a uniqueness conflict with an uncommitted row) in the same order,
+        never in a cycle."""
+        if not wanted:
+            return set()
+        taken = self.conn.execute(
+            _TAKE_LOCK[self.db.is_postgres],
+            [
+                {"key": key, "run_id": wanted[key], "acquired_at": self.now, "expires_at": None}
+                for key in sorted(wanted)
+            ],
+        )
+        for prefix, held in self._held.items():
+            held.update(key for key in wanted if key.startswith(prefix))
         return {row.key for row in taken}
 
     def release_run_locks(self, run_id: int) -> None:

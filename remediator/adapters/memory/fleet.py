@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from remediator.adapters.memory import tables, transaction
@@ -188,6 +188,13 @@ class FleetTx(transaction.Transaction):
         self, keys: Sequence[str], *, run_id: int | None, expires_at: dt.datetime | None
     ) -> set[str]:
         return {key for key in keys if self.try_lock(key, run_id=run_id, expires_at=expires_at)}
+
+    def take_locks(self, wanted: Mapping[str, int]) -> set[str]:
+        return {
+            key
+            for key, run_id in wanted.items()
+            if self.try_lock(key, run_id=run_id, expires_at=None)
+        }
 
     def release_run_locks(self, run_id: int) -> None:
         """Release what a finished run held, except expiring locks (cooldowns run their time)."""

@@ -15,6 +15,7 @@ from remediator.adapters.db import store as sql_store
 from remediator.domain import runs
 from remediator.engine import lifecycle
 from tests.contract.plans import new_run
+from tests.support.alerts import alert_body
 from tests.support.statements import NOW, Statements
 
 
@@ -229,3 +230,98 @@ async def test_the_disruptions_a_claim_batch_records_are_one_statement(
         found = await store.run("claim", claim)
     assert found == [0, 1, 2, 3, 3, ["gpu-node-01", "gpu-node-02", "gpu-node-03"]]
     assert len(statements.starting("INSERT INTO disruptions")) == 1  # was 4
+
+
+RECORD = """
+name: record
+match: {alertname: GPUXidError79}
+steps:
+  - {id: first, action: test.record, params: {label: one}}
+"""
+
+
+async def _planned(h: Any, nodes: list[str]) -> None:
+    for n, node in enumerate(nodes):
+        await h.post(alert_body(node=node, fingerprint=f"{n:016x}"))
+    assert await h.engine.handle_episodes()
+
+
+async def test_the_runs_a_pass_starts_take_their_locks_in_one_statement(make_harness: Any) -> None:
+    """On Postgres a start's statement was a round trip a run: the largest part of a pass over
+    new alerts. The pass's starts take every node and slot in one statement."""
+    h = await make_harness(RECORD)
+    nodes = ["gpu-node-01", "gpu-node-02", "gpu-node-03", "gpu-node-04"]
+    await _planned(h, nodes)
+    with Statements() as statements:
+        assert await h.engine.start_runs()
+    assert len(statements.starting("INSERT INTO locks")) == 1  # was 4
+    found = await h.runs()
+    assert {run["status"] for run in found} == {"running"}
+    locks = await _locks(h.store)
+    assert {key: locks[key] for key in locks if key.startswith("node:")} == {
+        f"node:{run['node']}": run["id"] for run in found
+    }
+    slots = {key: run_id for key, run_id in locks.items() if key.startswith("slot:record:")}
+    assert sorted(slots.values()) == sorted(run["id"] for run in found)  # a slot each
+    assert (await audit.AuditQueries(h.store.db).verify()).ok
+
+
+async def test_two_runs_of_one_pass_on_one_node_start_one_after_the_other(
+    make_harness: Any,
+) -> None:
+    h = await make_harness(RECORD + "concurrency: 10\n")
+    await h.post(alert_body(node="gpu-node-01", fingerprint="00000000000000a1"))
+    await h.post(alert_body(node="gpu-node-01", fingerprint="00000000000000a2"))
+    assert await h.engine.handle_episodes()
+    assert await h.engine.start_runs()
+    first, second = sorted(await h.runs(), key=lambda run: run["id"])
+    assert (first["status"], second["status"]) == ("running", "pending")
+    locks = await _locks(h.store)
+    assert locks["node:gpu-node-01"] == first["id"]
+    assert second["id"] not in locks.values()  # nothing held for the run that waits
+
+
+async def test_a_start_that_fails_gives_up_the_locks_taken_for_it(
+    make_harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The locks are taken before each start's own unit: a start whose unit fails (undone in
+    its savepoint) gives them up, so its node is not held by a run that did not start."""
+    h = await make_harness(RECORD)
+    await _planned(h, ["gpu-node-01", "gpu-node-02"])
+    runs_by_node = {run["node"]: run["id"] for run in await h.runs()}
+    broken = runs_by_node["gpu-node-02"]
+    move_run = lifecycle.transitions.move_run
+
+    def failing(run: Any, to: Any, **kwargs: Any) -> Any:
+        if run.id == broken and to is runs.RunStatus.RUNNING:
+            raise RuntimeError("a bug in the start of one run")
+        return move_run(run, to, **kwargs)
+
+    monkeypatch.setattr(lifecycle.transitions, "move_run", failing)
+    assert await h.engine.start_runs()
+    statuses = {run["node"]: run["status"] for run in await h.runs()}
+    assert statuses == {"gpu-node-01": "running", "gpu-node-02": "pending"}
+    locks = await _locks(h.store)
+    assert broken not in locks.values()
+    assert locks["node:gpu-node-01"] == runs_by_node["gpu-node-01"]
+    monkeypatch.setattr(lifecycle.transitions, "move_run", move_run)
+    assert await h.engine.start_runs()  # the next pass starts it
+    assert {run["status"] for run in await h.runs()} == {"running"}
+
+
+async def test_a_pass_that_gives_way_keeps_no_locks_for_the_starts_it_left(
+    make_harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass that gives way to the webhook after its first start leaves the others pending
+    for the next pass, holding nothing (their locks were taken with the first's)."""
+    h = await make_harness(RECORD)
+    await _planned(h, ["gpu-node-01", "gpu-node-02", "gpu-node-03"])
+    monkeypatch.setattr(sql_store.SqlTx, "should_yield", lambda self: True)
+    assert await h.engine.start_runs()
+    found = sorted(await h.runs(), key=lambda run: run["id"])
+    assert [run["status"] for run in found] == ["running", "pending", "pending"]
+    locks = await _locks(h.store)
+    assert set(locks.values()) == {found[0]["id"]}
+    monkeypatch.undo()
+    assert await h.engine.start_runs()
+    assert {run["status"] for run in await h.runs()} == {"running"}
