@@ -345,8 +345,16 @@ class Engine:
             playbook = index.get(run.playbook)
             return playbook.concurrency if playbook else 1
 
-        # every run's locks in one statement; a run that does not start gives its up
-        reserved = lifecycle.reserve_starts(tx, pending, concurrency)
+        # Every run's locks in one statement; a run that does not start gives its up. If that
+        # fails, each run takes its own in its unit (where a failure is that run's alone).
+        try:
+            with isolation.unit(tx):
+                reserved = lifecycle.reserve_starts(tx, pending, concurrency)
+        except (isolation.Isolate, errors.StoreUnavailable):
+            raise
+        except Exception:
+            logger.exception("the starts' locks could not be taken together; one by one")
+            reserved = {}
         for n, run in enumerate(pending):
             if n and tx.should_yield():
                 for later in pending[n:]:  # come back for the rest

@@ -325,3 +325,21 @@ async def test_a_pass_that_gives_way_keeps_no_locks_for_the_starts_it_left(
     monkeypatch.undo()
     assert await h.engine.start_runs()
     assert {run["status"] for run in await h.runs()} == {"running"}
+
+
+async def test_starts_whose_locks_cannot_be_taken_together_take_them_one_by_one(
+    make_harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taking the pass's locks together runs outside each start's unit: should it fail, each
+    start takes its own in its unit, as before, and no pass is lost to it."""
+    h = await make_harness(RECORD)
+    await _planned(h, ["gpu-node-01", "gpu-node-02"])
+
+    def broken(self: Any, wanted: Any) -> set[str]:
+        raise RuntimeError("a bug in taking locks together")
+
+    monkeypatch.setattr(sql_store.SqlTx, "take_locks", broken)
+    with Statements() as statements:
+        assert await h.engine.start_runs()
+    assert {run["status"] for run in await h.runs()} == {"running"}
+    assert len(statements.starting("INSERT INTO locks")) == 2  # one a run
