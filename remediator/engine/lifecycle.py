@@ -367,8 +367,8 @@ def reserve_starts(
     out: it starts, or waits, the way a run alone does.
 
     A start took its locks in a statement of its own: on Postgres a round trip a run, the
-    largest part of a pass over new alerts (1,338 of a pass's statements for 1,500 alerts
-    at 100/s, 1.4 ms each). The caller releases what a run it does not start holds
+    largest part of a pass over new alerts (1,338 statements for 1,500 alerts at 100/s,
+    1.4 ms each). The caller releases what a run it does not start holds
     (``release_reserved``)."""
     wanted: dict[str, int] = {}
     slots_wanted: dict[str, int] = {}  # by playbook prefix: slots of the batch
