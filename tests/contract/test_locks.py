@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from remediator.domain import runs, transitions
-from tests.contract.plans import alert_run, run
+from tests.contract.plans import alert_run, fire, new_run, run
 
 
 async def test_a_held_key_cannot_be_taken_again_until_released(backend):
@@ -128,3 +128,43 @@ async def test_held_keys_follow_the_transactions_own_locks_and_releases(backend)
         {"slot:p:5"},
         {"slot:p:1"},
     ]
+
+
+async def test_keys_taken_together_are_each_their_own_runs_and_none_held_is_taken(backend):
+    """``take_locks``: each key for its own run in one go; a key someone holds stays
+    theirs, one whose holder's time ran out is taken, and the transaction's held keys
+    follow."""
+    _, first = await alert_run(backend)
+    second_episode = await fire(backend, node="gpu-node-04", fingerprint="f4")
+    second = await run(
+        backend,
+        lambda tx: tx.insert_run(
+            new_run(episode_id=second_episode.id, node="gpu-node-04"), actor="engine"
+        ),
+    )
+    soon = backend.clock.now + dt.timedelta(seconds=5)
+
+    def hold(tx):
+        tx.try_lock("node:gpu-node-05", run_id=None, expires_at=None)
+        tx.try_lock("slot:reboot:3", run_id=None, expires_at=soon)
+
+    await run(backend, hold)
+    backend.clock.advance(5)  # the slot's holder's time has run out; the node's has not
+
+    def take(tx):
+        got = tx.take_locks(
+            {
+                "node:gpu-node-03": first,
+                "slot:reboot:3": first,
+                "node:gpu-node-04": second,
+                "node:gpu-node-05": second,
+            }
+        )
+        return got, set(tx.held_keys("slot:reboot:"))
+
+    got, held = await run(backend, take)
+    assert got == {"node:gpu-node-03", "slot:reboot:3", "node:gpu-node-04"}
+    assert held == {"slot:reboot:3"}
+    assert await run(backend, lambda tx: tx.lock_holder("node:gpu-node-03")) == first
+    assert await run(backend, lambda tx: tx.lock_holder("node:gpu-node-04")) == second
+    assert await run(backend, lambda tx: tx.take_locks({})) == set()
