@@ -343,3 +343,29 @@ async def test_starts_whose_locks_cannot_be_taken_together_take_them_one_by_one(
         assert await h.engine.start_runs()
     assert {run["status"] for run in await h.runs()} == {"running"}
     assert len(statements.starting("INSERT INTO locks")) == 2  # one a run
+
+
+async def test_a_start_that_got_part_of_its_locks_gives_them_up_and_waits(
+    make_harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another replica takes a node between the pass's read of the pending runs and its
+    locks: that run got its slot only, gives it up, and stays pending holding nothing."""
+    h = await make_harness(RECORD)
+    await _planned(h, ["gpu-node-01", "gpu-node-02"])
+    reserve = lifecycle.reserve_starts
+
+    def raced(tx: Any, pending: Any, concurrency: Any) -> Any:
+        tx.conn.conn.execute(  # another replica's lock, with no run of ours
+            sa.text("INSERT INTO locks (key, run_id, acquired_at) VALUES (:key, NULL, :at)"),
+            {"key": "node:gpu-node-02", "at": NOW},
+        )
+        return reserve(tx, pending, concurrency)
+
+    monkeypatch.setattr(lifecycle, "reserve_starts", raced)
+    assert await h.engine.start_runs()
+    found = {run["node"]: run for run in await h.runs()}
+    assert found["gpu-node-01"]["status"] == "running"
+    assert found["gpu-node-02"]["status"] == "pending"
+    locks = await _locks(h.store)
+    assert locks["node:gpu-node-02"] is None  # still the other replica's
+    assert found["gpu-node-02"]["id"] not in locks.values()  # its slot given up
