@@ -1949,33 +1949,30 @@ class SqlTx:
         """``try_lock`` of each key, in one statement: the keys taken."""
         if len(keys) < 2:
             return {key for key in keys if self.try_lock(key, run_id=run_id, expires_at=expires_at)}
-        taken = self.conn.execute(
-            _TAKE_LOCK[self.db.is_postgres],
-            [
-                {"key": key, "run_id": run_id, "acquired_at": self.now, "expires_at": expires_at}
-                for key in keys
-            ],
-        )
-        for prefix, held in self._held.items():
-            held.update(key for key in keys if key.startswith(prefix))
-        return {row.key for row in taken}
+        return self._take([(key, run_id) for key in keys], expires_at=expires_at)
 
     def take_locks(self, wanted: Mapping[str, int]) -> set[str]:
         """``try_lock`` of each key for its own run, in one statement: the keys taken. In
         the keys' order: two replicas taking overlapping keys each wait for the other's
         (Postgres waits on a uniqueness conflict with an uncommitted row) in the same order,
         never in a cycle."""
-        if not wanted:
+        return self._take(sorted(wanted.items()), expires_at=None)
+
+    def _take(
+        self, rows: list[tuple[str, int | None]], *, expires_at: dt.datetime | None
+    ) -> set[str]:
+        """One upsert taking each ``(key, run id)`` as ``try_lock`` does: the keys taken."""
+        if not rows:
             return set()
         taken = self.conn.execute(
             _TAKE_LOCK[self.db.is_postgres],
             [
-                {"key": key, "run_id": wanted[key], "acquired_at": self.now, "expires_at": None}
-                for key in sorted(wanted)
+                {"key": key, "run_id": run_id, "acquired_at": self.now, "expires_at": expires_at}
+                for key, run_id in rows
             ],
         )
-        for prefix, held in self._held.items():
-            held.update(key for key in wanted if key.startswith(prefix))
+        for prefix, held in self._held.items():  # taken now, or by someone else: held
+            held.update(key for key, _ in rows if key.startswith(prefix))
         return {row.key for row in taken}
 
     def release_run_locks(self, run_id: int) -> None:
