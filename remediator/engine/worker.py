@@ -356,9 +356,9 @@ class Engine:
             logger.exception("the starts' locks could not be taken together; one by one")
             reserved = {}
         for n, run in enumerate(pending):
-            if n and tx.should_yield():
-                for later in pending[n:]:  # come back for the rest
-                    lifecycle.release_reserved(tx, reserved.get(later.id, ()))
+            if n and tx.should_yield():  # come back for the rest; their locks in one go
+                left = [key for later in pending[n:] for key in reserved.get(later.id, ())]
+                lifecycle.release_reserved(tx, left)
                 return True
             began = isolation.run_unit(
                 tx,
