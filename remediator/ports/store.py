@@ -77,7 +77,8 @@ class Tx(Protocol):
     def read_runs(self, run_ids: Iterable[int], *, steps: bool = True) -> None:
         """Read these runs, their episodes and (``steps``) their steps at once, for
         ``get_run``, ``get_episode``, ``steps_of_run`` and ``get_step`` later in this
-        transaction (a batch of step outcomes asked for each, one statement at a time)."""
+        transaction (a batch of step outcomes asked for each, one statement at a time). A
+        store may read the episodes when the first of them is asked for (all of them then)."""
 
     def lock_pending_runs(self, limit: int) -> list[records.Run]: ...
 

@@ -1082,6 +1082,8 @@ class SqlTx:
         # compare-and-set of every transition.
         self._runs: dict[int, records.Run] = {}
         self._episodes: dict[int, records.Episode] = {}
+        # Episodes of the runs read (``read_runs``), read when the first of them is asked for
+        self._episodes_wanted: set[int] = set()
         self._steps: dict[int, records.Step] = {}
         self._steps_of: dict[int, list[records.Step]] = {}
         self._held: dict[str, set[str]] = {}  # live lock keys by prefix, read once
@@ -1194,6 +1196,7 @@ class SqlTx:
         self._held.clear()
         self._runs.clear()
         self._episodes.clear()
+        self._episodes_wanted.clear()
         self._steps.clear()
         self._steps_of.clear()
 
@@ -1287,6 +1290,10 @@ class SqlTx:
     def get_episode(self, episode_id: int) -> records.Episode | None:
         if episode_id in self._episodes:
             return self._episodes[episode_id]
+        if episode_id in self._episodes_wanted:
+            self._read_wanted_episodes()
+            if episode_id in self._episodes:
+                return self._episodes[episode_id]
         row = self.conn.execute(_GET_EPISODE, {"w_id": episode_id}).one_or_none()
         if row is None:
             return None
@@ -1443,18 +1450,25 @@ class SqlTx:
             for run_id, found in of.items():
                 self._steps_of[run_id] = found
                 self._steps.update((step.id, step) for step in found)
-        episodes = sorted(
-            {
-                run.episode_id
-                for run_id in wanted
-                if (run := self._runs.get(run_id)) is not None
-                and run.episode_id is not None
-                and run.episode_id not in self._episodes
-            }
+        self._episodes_wanted.update(
+            run.episode_id
+            for run_id in wanted
+            if (run := self._runs.get(run_id)) is not None
+            and run.episode_id is not None
+            and run.episode_id not in self._episodes
         )
-        if episodes:
-            for row in self.conn.execute(_GET_EPISODES, {"w_ids": episodes}):
-                self._episodes[row.id] = episode_from_row(row)
+
+    def _read_wanted_episodes(self) -> None:
+        """The episodes of the runs read, in one statement, when the first is asked for: a
+        stage that decides without them (their runs go on when the alert resolves) reads
+        none; a burst read each alert's three times, labels and annotations decoded each
+        time, for the one stage of four that renders a step from them."""
+        wanted = sorted(self._episodes_wanted - self._episodes.keys())
+        self._episodes_wanted.clear()
+        if wanted:
+            for row in self.conn.execute(_GET_EPISODES, {"w_ids": wanted}):
+                episode = episode_from_row(row)
+                self._episodes[episode.id] = episode
 
     def steps_of_run(self, run_id: int) -> list[records.Step]:
         steps = self._steps_of.get(run_id)
