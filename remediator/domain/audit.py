@@ -120,16 +120,21 @@ def row_digest(table: str, row: Mapping[str, Any]) -> str:
         for name, value in row.items()
         if name not in skip
     }
-    text = json.dumps(
-        fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain
-    )
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(_CANONICAL.encode(fields).encode()).hexdigest()
 
 
 def _plain(value: object) -> object:
     if isinstance(value, dt.datetime):
         return value.astimezone(dt.UTC).isoformat()
     raise TypeError(f"cannot hash {type(value).__name__}")
+
+
+# Canonical JSON: sorted keys, no spaces, text as it is, datetimes in UTC. One encoder for
+# all (``json.dumps`` with these options made one for every row and event hashed, a fifth of
+# the time each took).
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain
+)
 
 
 def canonical(content: Mapping[str, Any]) -> str:
@@ -149,9 +154,7 @@ def _canonical_fields(content: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _json(fields: Mapping[str, Any]) -> str:
-    return json.dumps(
-        fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain
-    )
+    return _CANONICAL.encode(fields)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -225,9 +228,7 @@ def delivery_text(row: Mapping[str, Any]) -> str:
     """What a delivery's MAC covers: every column but the MAC itself and the id (assigned by
     the database after the MAC is computed, so the intake writes each row once)."""
     fields = {name: value for name, value in row.items() if name not in ("id", "mac")}
-    return json.dumps(
-        fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain
-    )
+    return _CANONICAL.encode(fields)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,11 +31,30 @@ class UTCDateTime(sa.types.TypeDecorator[dt.datetime]):
         value = value.astimezone(dt.UTC)
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
+    def bind_processor(self, dialect: sa.Dialect) -> Any:
+        """On SQLite, ``process_bind_param`` and SQLite's DATETIME text in one function (a
+        datetime bound is several a row held or inserted; the two, a dict of its fields
+        formatted, took twice as long)."""
+        if dialect.name != "sqlite":
+            return super().bind_processor(dialect)
+        return _sqlite_text
+
     def process_result_value(self, value: Any, dialect: sa.Dialect) -> dt.datetime | None:
         if value is None:
             return None
         assert isinstance(value, dt.datetime)
         return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+def _sqlite_text(value: dt.datetime | None) -> str | None:
+    """A datetime as SQLite stores it: UTC, naive, in SQLAlchemy's DATETIME storage format
+    (``YYYY-MM-DD HH:MM:SS.ffffff``, the microseconds always written: text that sorts and
+    compares as the times do)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise ValueError("naive datetime")
+    return value.astimezone(dt.UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
 
 
 JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")

@@ -79,3 +79,54 @@ def test_a_link_needs_the_key_its_event_names() -> None:
         audit.Link.of(content, KEYS)
     with pytest.raises(audit.AuditKeyError):
         audit.Link.of(content)
+
+
+# Known answers, computed by the code that wrote the chains stored so far: a change to the
+# canonical JSON (key order, separators, text escaping, how a datetime or a whole float is
+# written) would fail every stored chain's verification.
+_ROW = {
+    "id": 13,
+    "status": "succeeded",
+    "output": {"node": "gpu-node-01", "note": "ümlaut ✓"},
+    "timeout_seconds": 300.0,
+    "started_at": dt.datetime(2026, 12, 7, 5, 41, 29, 5, tzinfo=dt.timezone(dt.timedelta(hours=2))),
+    "due_at": None,
+    "lease_owner": "replica-a",
+}
+_EVENT = {
+    "at": dt.datetime(2026, 12, 7, 3, 0, tzinfo=dt.UTC),
+    "kind": "step.transition",
+    "actor": "engine",
+    "run_id": 11,
+    "step_id": 13,
+    "episode_id": 7,
+    "from_status": "running",
+    "to_status": "succeeded",
+    "reason": "done ✓",
+    "data": {"b": 1, "a": [1, 2]},
+}
+_EVENT_HASH = "caace600bd3addcc38df55abe2a9764bd3146890c15dcf3b56c6f7e6652327df"
+
+
+def test_a_rows_digest_is_what_it_was() -> None:
+    digest = audit.row_digest("steps", _ROW)
+    assert digest == "0c9ac35daccc2e01683bd5c2fdb38e29deaea14942b38b9e9b7c10427bc74f93"
+
+
+def test_an_events_link_is_what_it_was() -> None:
+    assert audit.chain_hash("0" * 64, {**_EVENT, "id": 42}) == _EVENT_HASH
+    assert audit.Link.of(_EVENT).hash("0" * 64, 42) == _EVENT_HASH
+
+
+def test_a_deliverys_text_is_what_it_was() -> None:
+    row = {
+        "id": 1,
+        "mac": "k1:00",
+        "received_at": dt.datetime(2026, 12, 7, 3, 0, tzinfo=dt.UTC),
+        "body": '{"a": "é"}',
+        "status": "firing",
+    }
+    text = (
+        '{"body":"{\\"a\\": \\"é\\"}","received_at":"2026-12-07T03:00:00+00:00","status":"firing"}'
+    )
+    assert audit.delivery_text(row) == text
