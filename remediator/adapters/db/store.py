@@ -395,159 +395,53 @@ def _columns(table: sa.Table, *names: str) -> Callable[[Any], tuple[Any, ...]]:
     return operator.itemgetter(*(order.index(name) for name in names))
 
 
-_EPISODE_COLUMNS = _columns(
-    E,
-    *("id", "fingerprint", "starts_at", "alertname", "status", "handled_status", "labels"),
-    *("annotations", "generator_url", "ends_at", "first_delivery_id", "created_at"),
-    "resolved_at",
-)
-_RUN_COLUMNS = _columns(
-    R,
-    *("id", "playbook", "kind", "status", "episode_id", "parent_run_id", "node", "gpu"),
-    *("exclusive", "dry_run", "principal", "params", "on_resolve", "reason", "created_at"),
-    *("updated_at", "finished_at"),
-)
-_STEP_COLUMNS = _columns(
-    S,
-    *("id", "run_id", "seq", "key", "phase", "action", "params", "status"),
-    *("requires_approval", "approvals_required", "attempt", "max_attempts"),
-    *("timeout_seconds", "on_failure", "undo_of", "undo", "retry", "effect", "due_at"),
-    *("lease_owner", "lease_expires_at", "output", "error", "started_at", "finished_at"),
-)
+def _fields(record: type[Any], table: sa.Table) -> Callable[[Any], dict[str, Any]]:
+    """A row of ``table`` (``_columns``) as the fields of ``record``, a dataclass whose every
+    field is a column of the same name, values as read."""
+    names = tuple(field.name for field in dataclasses.fields(record))
+    values = _columns(table, *names)
+    return lambda row: dict(zip(names, values(row), strict=True))
+
+
+_EPISODE_FIELDS = _fields(records.Episode, E)
+_RUN_FIELDS = _fields(records.Run, R)
+_STEP_FIELDS = _fields(records.Step, S)
 
 
 def episode_from_row(row: Any) -> records.Episode:
     """An episode from a row of every ``alert_episodes`` column (``_columns``)."""
-    (
-        id_,
-        fingerprint,
-        starts_at,
-        alertname,
-        status,
-        handled_status,
-        labels,
-        annotations,
-        generator_url,
-        ends_at,
-        first_delivery_id,
-        created_at,
-        resolved_at,
-    ) = _EPISODE_COLUMNS(row)
-    return records.Episode(
-        id=id_,
-        fingerprint=fingerprint,
-        starts_at=starts_at,
-        alertname=alertname,
-        status=_ALERT_STATUS[status],
-        handled_status=_ALERT_STATUS[handled_status] if handled_status else None,
-        labels=dict(labels),
-        annotations=dict(annotations),
-        generator_url=generator_url,
-        ends_at=ends_at,
-        first_delivery_id=first_delivery_id,
-        created_at=created_at,
-        resolved_at=resolved_at,
-    )
+    fields = _EPISODE_FIELDS(row)
+    fields["status"] = _ALERT_STATUS[fields["status"]]
+    handled = fields["handled_status"]
+    fields["handled_status"] = _ALERT_STATUS[handled] if handled else None
+    fields["labels"] = dict(fields["labels"])
+    fields["annotations"] = dict(fields["annotations"])
+    return records.Episode(**fields)
 
 
 def run_from_row(row: Any) -> records.Run:
     """A run from a row of every ``runs`` column (``_columns``)."""
-    (
-        id_,
-        playbook,
-        kind,
-        status,
-        episode_id,
-        parent_run_id,
-        node,
-        gpu,
-        exclusive,
-        dry_run,
-        principal,
-        params,
-        on_resolve,
-        reason,
-        created_at,
-        updated_at,
-        finished_at,
-    ) = _RUN_COLUMNS(row)
-    return records.Run(
-        id=id_,
-        playbook=playbook,
-        kind=_RUN_KIND[kind],
-        status=_RUN_STATUS[status],
-        episode_id=episode_id,
-        parent_run_id=parent_run_id,
-        node=node,
-        gpu=gpu,
-        exclusive=exclusive,
-        dry_run=dry_run,
-        principal=principal,
-        params=dict(params),
-        on_resolve=_RESOLVE_POLICY[on_resolve],
-        reason=reason,
-        created_at=created_at,
-        updated_at=updated_at,
-        finished_at=finished_at,
-    )
+    fields = _RUN_FIELDS(row)
+    fields["kind"] = _RUN_KIND[fields["kind"]]
+    fields["status"] = _RUN_STATUS[fields["status"]]
+    fields["params"] = dict(fields["params"])
+    fields["on_resolve"] = _RESOLVE_POLICY[fields["on_resolve"]]
+    return records.Run(**fields)
 
 
 def step_from_row(row: Any) -> records.Step:
     """A step from a row of every ``steps`` column (``_columns``)."""
-    (
-        id_,
-        run_id,
-        seq,
-        key,
-        phase,
-        action,
-        params,
-        status,
-        requires_approval,
-        approvals_required,
-        attempt,
-        max_attempts,
-        timeout_seconds,
-        on_failure,
-        undo_of,
-        undo,
-        retry_,
-        effect,
-        due_at,
-        lease_owner,
-        lease_expires_at,
-        output,
-        error,
-        started_at,
-        finished_at,
-    ) = _STEP_COLUMNS(row)
-    return records.Step(
-        id=id_,
-        run_id=run_id,
-        seq=seq,
-        key=key,
-        phase=_STEP_PHASE[phase],
-        action=action,
-        params=dict(params),
-        status=_STEP_STATUS[status],
-        requires_approval=requires_approval,
-        approvals_required=approvals_required,
-        attempt=attempt,
-        max_attempts=max_attempts,
-        timeout_seconds=timeout_seconds,
-        on_failure=_ON_FAILURE[on_failure],
-        undo_of=undo_of,
-        undo=records.UndoPlan.from_json(undo, action=action) if undo else None,
-        retry=_retry_policy(retry_),
-        effect=_EFFECT[effect],
-        due_at=due_at,
-        lease_owner=lease_owner,
-        lease_expires_at=lease_expires_at,
-        output=dict(output),
-        error=error,
-        started_at=started_at,
-        finished_at=finished_at,
-    )
+    fields = _STEP_FIELDS(row)
+    fields["phase"] = _STEP_PHASE[fields["phase"]]
+    fields["params"] = dict(fields["params"])
+    fields["status"] = _STEP_STATUS[fields["status"]]
+    fields["on_failure"] = _ON_FAILURE[fields["on_failure"]]
+    undo = fields["undo"]
+    fields["undo"] = records.UndoPlan.from_json(undo, action=fields["action"]) if undo else None
+    fields["retry"] = _retry_policy(fields["retry"])
+    fields["effect"] = _EFFECT[fields["effect"]]
+    fields["output"] = dict(fields["output"])
+    return records.Step(**fields)
 
 
 def _retry_policy(stored: dict[str, Any]) -> retry.RetryPolicy:
