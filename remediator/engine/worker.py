@@ -339,7 +339,7 @@ class Engine:
     def _start(self, tx: store.Tx, index: playbooks.PlaybookIndex, done: _Pass) -> bool:
         started = False
         pending = tx.lock_pending_runs(self.settings.batch)
-        tx.read_runs(run.id for run in pending)  # their steps and episodes, in two statements
+        tx.read_runs(run.id for run in pending)  # their steps (episodes when asked for)
 
         def concurrency(run: records.Run) -> int:
             playbook = index.get(run.playbook)

@@ -383,23 +383,18 @@ _ON_FAILURE = _Members(playbooks.OnFailure)
 _EFFECT = _Members(runs.Effect)
 
 
-def _columns(table: sa.Table, *names: str) -> Callable[[Any], tuple[Any, ...]]:
-    """The values of the columns ``names`` from a row of every column of ``table`` in the
-    table's order (what ``select(table)`` and ``returning(*table.c)`` give, the only rows
-    the converters below are given), read by position: a row's attributes are looked up in
-    Python (0.9 µs each: half of making a step of its 25), its items in compiled code."""
+def _fields(record: type[Any], table: sa.Table) -> Callable[[Any], dict[str, Any]]:
+    """A row of every column of ``table`` in the table's order (what ``select(table)`` and
+    ``returning(*table.c)`` give, the only rows the converters below are given) as the
+    fields of ``record``, a dataclass whose every field is a column of the same name, values
+    as read. Read by position: a row's attributes are looked up in Python (0.9 µs each:
+    half of making a step of its 25), its items in compiled code."""
+    names = tuple(field.name for field in dataclasses.fields(record))
     order = list(table.c.keys())
     unknown = sorted(set(names) - set(order))
     if unknown:
         raise ValueError(f"{table.name} has no column {', '.join(unknown)}")
-    return operator.itemgetter(*(order.index(name) for name in names))
-
-
-def _fields(record: type[Any], table: sa.Table) -> Callable[[Any], dict[str, Any]]:
-    """A row of ``table`` (``_columns``) as the fields of ``record``, a dataclass whose every
-    field is a column of the same name, values as read."""
-    names = tuple(field.name for field in dataclasses.fields(record))
-    values = _columns(table, *names)
+    values = operator.itemgetter(*(order.index(name) for name in names))
     return lambda row: dict(zip(names, values(row), strict=True))
 
 
@@ -409,7 +404,7 @@ _STEP_FIELDS = _fields(records.Step, S)
 
 
 def episode_from_row(row: Any) -> records.Episode:
-    """An episode from a row of every ``alert_episodes`` column (``_columns``)."""
+    """An episode from a row of every ``alert_episodes`` column (``_fields``)."""
     fields = _EPISODE_FIELDS(row)
     fields["status"] = _ALERT_STATUS[fields["status"]]
     handled = fields["handled_status"]
@@ -420,7 +415,7 @@ def episode_from_row(row: Any) -> records.Episode:
 
 
 def run_from_row(row: Any) -> records.Run:
-    """A run from a row of every ``runs`` column (``_columns``)."""
+    """A run from a row of every ``runs`` column (``_fields``)."""
     fields = _RUN_FIELDS(row)
     fields["kind"] = _RUN_KIND[fields["kind"]]
     fields["status"] = _RUN_STATUS[fields["status"]]
@@ -430,7 +425,7 @@ def run_from_row(row: Any) -> records.Run:
 
 
 def step_from_row(row: Any) -> records.Step:
-    """A step from a row of every ``steps`` column (``_columns``)."""
+    """A step from a row of every ``steps`` column (``_fields``)."""
     fields = _STEP_FIELDS(row)
     fields["phase"] = _STEP_PHASE[fields["phase"]]
     fields["params"] = dict(fields["params"])

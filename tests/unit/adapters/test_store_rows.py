@@ -4,6 +4,7 @@ member of its enum has refused as before."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Iterator
 from typing import Any
@@ -147,6 +148,12 @@ def test_a_value_no_member_has_is_refused(name: str, column: str) -> None:
         CONVERT[name](row)
 
 
+@dataclasses.dataclass
+class _Painted:
+    id: int
+    colour: str
+
+
 def test_a_converter_names_only_columns_its_table_has() -> None:
     with pytest.raises(ValueError, match="no column colour"):
-        store._columns(tables.runs, "id", "colour")
+        store._fields(_Painted, tables.runs)
