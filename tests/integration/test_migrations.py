@@ -159,3 +159,36 @@ async def test_a_failed_migration_apart_says_why(database_url):
             await migrate.upgrade_apart(db)
     finally:
         await db.dispose()
+
+
+async def test_the_runs_under_way_are_hinted_to_the_advance_stage_by_revision_0010(database_url):
+    """Before 0010 the advance stage found its runs by walking every running run; after it, by
+    hints. The upgrade hints every running run once, so none is left waiting unseen."""
+    db = database.Database(database_url)
+    try:
+        await migrate.upgrade(db, "0009")
+        import datetime as dt
+
+        at = dt.datetime(2026, 12, 1, 12, tzinfo=dt.UTC)
+        async with db.write("test") as conn:
+            for run_id, status in (
+                (1, "running"),
+                (2, "succeeded"),
+                (3, "pending"),
+                (4, "running"),
+            ):
+                await conn.execute(
+                    sa.text(
+                        "INSERT INTO runs (id, playbook, kind, status, exclusive, dry_run, params,"
+                        " on_resolve, reason, created_at, updated_at) VALUES (:id, 'reboot',"
+                        " 'manual', :status, true, false, '{}', 'cancel', '', :at, :at)"
+                    ).bindparams(sa.bindparam("at", type_=tables.UTCDateTime())),
+                    {"id": run_id, "status": status, "at": at},
+                )
+        await migrate.upgrade(db)
+        async with db.read() as conn:
+            hints = tables.advance_hints
+            found = await conn.execute(sa.select(hints.c.run_id).order_by(hints.c.run_id))
+            assert list(found.scalars()) == [1, 4]
+    finally:
+        await db.dispose()

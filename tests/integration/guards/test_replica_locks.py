@@ -337,3 +337,65 @@ async def held_locks(url: str) -> dict[str, int | None]:
             return {row.key: row.run_id for row in rows}
     finally:
         await db.dispose()
+
+
+def test_replicas_advance_hinted_runs_side_by_side_and_a_run_held_elsewhere_keeps_its_hint(
+    pg_url, clock
+):
+    """Three started runs, each hinted (``advance_hints``). Replica A takes the first to
+    advance and, as an operator's action would, locks the second's row, then stays open;
+    replica B's advance stage meanwhile skips A's hint and A's run, takes the third and
+    commits without waiting. The second run's hint stays for a later pass: B deleted only
+    what it took."""
+    asyncio.run(
+        prepare(pg_url, clock, due=[], pending=["gpu-h1", "gpu-h2", "gpu-h3"], action="log")
+    )
+
+    def start_all(tx: sql_store.SqlTx) -> list[int]:
+        return [
+            tx.apply(transitions.move_run(run, runs.RunStatus.RUNNING, reason="started")).id
+            for run in tx.lock_pending_runs(10)
+        ]
+
+    first, second, third = asyncio.run(_in_one_transaction(pg_url, clock, start_all))
+
+    def advance(tx: sql_store.SqlTx, limit: int) -> list[int]:
+        taken = tx.active_runs_with_no_active_step(limit)
+        for run in taken:
+            tx.apply(transitions.make_due(tx.steps_of_run(run.id)[0], now=tx.now))
+        return [run.id for run in taken]
+
+    def a_work(tx: sql_store.SqlTx) -> list[int]:
+        taken = advance(tx, 1)
+        tx.conn.execute(
+            sa.select(tables.runs.c.id).where(tables.runs.c.id == second).with_for_update()
+        )
+        return taken
+
+    a_taken, b_taken, side_by_side = while_a_is_open(
+        pg_url, clock, a_work, lambda tx: advance(tx, 10)
+    )
+    assert side_by_side, "replica B's advance stage waited for replica A's transaction"
+    assert (a_taken, b_taken) == ([first], [third])
+    assert asyncio.run(_hinted_runs(pg_url)) == [second]
+
+
+async def _in_one_transaction(
+    url: str, clock: FakeClock, work: Callable[[sql_store.SqlTx], Any]
+) -> Any:
+    db = database.Database(url)
+    try:
+        return await sql_store.SqlStore(db, clock=clock).run("test", work)
+    finally:
+        await db.dispose()
+
+
+async def _hinted_runs(url: str) -> list[int]:
+    db = database.Database(url)
+    try:
+        async with db.read() as conn:
+            hints = tables.advance_hints
+            found = await conn.execute(sa.select(hints.c.run_id).order_by(hints.c.id))
+            return list(found.scalars())
+    finally:
+        await db.dispose()
