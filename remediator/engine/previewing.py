@@ -68,7 +68,7 @@ class Previewer:
     registry: actions.Registry
     notifier: notify.Notifier
     cluster: cluster.Cluster | None
-    store: store.Store | None
+    store: store.Reads | None
     guards: guard_rules.GuardConfig
     clock: Callable[[], dt.datetime]
     dry_run: bool = False

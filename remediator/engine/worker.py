@@ -70,6 +70,11 @@ class EngineSettings:
     """How long an episode waits for a cluster that cannot say which node it is about."""
 
 
+#: Seconds between the leader's looks for runs to advance that no hint names
+#: (``Store.hint_runs_to_advance``); the first comes with the first pass.
+HINT_SWEEP_INTERVAL = 60.0
+
+
 def _active(step: records.Step) -> bool:
     """Running, parked for approval, or due: what keeps a run from being advanced."""
     return step.status in (runs.StepStatus.RUNNING, runs.StepStatus.WAITING_APPROVAL) or (
@@ -112,6 +117,7 @@ class Engine:
         self._gpu_fleet: cluster_port.GpuFleet | None = None
         self._resolver: targeting.NodeResolver | None = None
         self._silence_check = 0.0
+        self._hint_sweep_at = float("-inf")  # (monotonic)
         self._woken = False
         self._stopping = False
         # Sweeping expired leases is a singleton loop: the app points this at leadership.
@@ -131,6 +137,7 @@ class Engine:
             await self._fleet()
         while not self._stopping:
             try:
+                await self._sweep_hints()
                 busy = await self.tick()
             except Exception as e:
                 failures += 1
@@ -150,6 +157,19 @@ class Engine:
                     await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
             self._wake.clear()
             await asyncio.sleep(self.settings.min_pass_interval)
+
+    async def _sweep_hints(self) -> None:
+        """The leader, every ``HINT_SWEEP_INTERVAL`` seconds: hint the runs to advance that
+        no hint names. The advance stage reads only hinted runs (and unhandled resolutions);
+        every transaction that may leave a run to advance hints it, so this finds none, but
+        a replica of an older version during a rolling upgrade hints nothing, and a run left
+        unseen would never converge."""
+        if not self.is_leader() or time.monotonic() < self._hint_sweep_at:
+            return
+        self._hint_sweep_at = time.monotonic() + HINT_SWEEP_INTERVAL
+        hinted = await self.services.store.hint_runs_to_advance()
+        if hinted:
+            logger.warning("%d runs to advance had no hint; hinted now", hinted)
 
     async def tick(self) -> bool:
         """One pass over the kinds of work that exist. Returns whether anything happened.

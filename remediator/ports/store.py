@@ -179,14 +179,22 @@ class Tx(Protocol):
         ...
 
 
-class Store(Protocol):
-    async def run(self, operation: str, work: Callable[[Tx], T]) -> T: ...
-
+class Reads(Protocol):
     async def read(self, operation: str, work: Callable[[Tx], T]) -> T:
         """Run ``work`` that only reads: nothing stays locked for it (guard states are read
         without a row lock), so plans and status pages never queue behind guard decisions."""
         ...
 
+
+class Store(Reads, Protocol):
+    async def run(self, operation: str, work: Callable[[Tx], T]) -> T: ...
+
     async def probe(self) -> records.Probe:
         """What kinds of work exist, read without taking the write lock."""
+        ...
+
+    async def hint_runs_to_advance(self) -> int:
+        """A store that finds the runs to advance through hints of what changed hints every
+        such run it has no hint for, and says how many (a safety net the engine's leader runs
+        now and then); one that finds them otherwise has nothing to do (0)."""
         ...

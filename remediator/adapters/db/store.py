@@ -694,6 +694,10 @@ _LOCK_ADVANCEABLE = _both(
 # Of the hinted runs the advance stage did not take, those still to advance (locked by another
 # transaction, or beyond its limit): their hints stay.
 _STILL_ADVANCEABLE = sa.select(R.c.id).where(R.c.id.in_(_HINTED_IDS), _advanceable_runs(rare=False))
+# The leader's safety net (``SqlStore.hint_runs_to_advance``): every run to advance, found
+# by walking the running runs (what every probe did before the hints), and every hinted run.
+_TO_ADVANCE = sa.select(R.c.id).where(_advanceable_runs())
+_HINTED_RUNS = sa.select(AH.c.run_id).distinct()
 _READ_HINTS = _both(sa.select(AH.c.id, AH.c.run_id).order_by(AH.c.id).limit(_LIMIT))
 _DELETE_HINTS = sa.delete(AH).where(AH.c.id.in_(sa.bindparam("w_hint_ids", expanding=True)))
 _INSERT_HINTS = sa.insert(AH)
@@ -933,6 +937,30 @@ class SqlStore:
 
         return await self.db.read_sync(operation, in_transaction)
 
+    async def hint_runs_to_advance(self) -> int:
+        """Hint every run to advance that has no hint; how many. The engine's leader runs it
+        now and then (``worker.HINT_SWEEP_INTERVAL``): a run left unhinted (a replica of an
+        older version changed it during a rolling upgrade; a fault this code did not foresee)
+        is advanced within that interval rather than never. It walks the running runs, as
+        every probe did before the hints, and takes the write lock only when it finds one."""
+
+        def unhinted(conn: sa.Connection) -> list[int]:
+            hinted = set(conn.execute(_HINTED_RUNS).scalars())
+            return [
+                run_id for run_id in conn.execute(_TO_ADVANCE).scalars() if run_id not in hinted
+            ]
+
+        if not await self.db.read_sync("hint sweep", unhinted):
+            return 0
+
+        def hint(tx: SqlTx) -> int:
+            found = unhinted(tx.conn.conn)
+            if found:
+                tx.conn.execute(_INSERT_HINTS, [{"run_id": run_id} for run_id in found])
+            return len(found)
+
+        return await self.run("hint sweep", hint)
+
     async def probe(self) -> records.Probe:
         """What kinds of engine work exist, in one statement. On SQLite it runs on the
         writer's thread, as ``read`` does: through aiosqlite the same statement cost 0.9 ms
@@ -1075,6 +1103,7 @@ class SqlTx:
         # written to ``advance_hints`` when it commits; a run it then gave a step under way
         # (or ended) needs none.
         self._hints: set[int] = set()
+        self._under_way: set[int] = set()  # runs given (or kept) an active step by it
         self._node_disruptions: dict[str, list[tuple[str | None, dt.datetime | None, int]]] = {}
 
     # -- helpers ---------------------------------------------------------------------------
@@ -1132,7 +1161,7 @@ class SqlTx:
         self.write_pending()  # what was decided before it is not the savepoint's to undo
         pending = len(self._pending)
         unsealed = {table: dict(rows) for table, rows in self._unsealed.items()}
-        hints = set(self._hints)
+        hints, under_way = set(self._hints), set(self._under_way)
         nested = self.conn.begin_nested()
         try:
             yield
@@ -1150,7 +1179,7 @@ class SqlTx:
             self.conn.disrupting = False
             del self._pending[pending:]
             self._unsealed = unsealed
-            self._hints = hints
+            self._hints, self._under_way = hints, under_way
             self._forget()
             raise
         nested.commit()
@@ -1489,7 +1518,8 @@ class SqlTx:
             values["finished_at"] = self.now
         self._hold("runs", run.id, values, sources=sources)
         if to is runs.RunStatus.RUNNING:
-            self._hints.add(run.id)  # (started, or back from an approval)
+            if run.id not in self._under_way:  # (started; an approval made its step due)
+                self._hints.add(run.id)
         else:
             self._hints.discard(run.id)  # only running runs are advanced
         self._unsealed.setdefault("runs", {})[str(run.id)] = _UNWRITTEN  # type: ignore[assignment]
@@ -1538,17 +1568,19 @@ class SqlTx:
     def _hint_step(self, change: transitions.StepChange) -> None:
         """Note the step's run for the advance stage when the change may leave it with a next
         step to decide: a step stopped being active (finished, cancelled, rejected), or
-        stopped running (a resolved alert's run is ended once no step runs). A step made
-        active (due, parked, running) means the run has one under way: whatever this
-        transaction noted before is moot, and the step's own end will note it again (a
-        change in another transaction notes its own)."""
+        stopped running (a resolved alert's run is ended once no step runs). A step made or
+        kept active (due, parked, running, approved) means the run has one under way:
+        whatever this transaction noted before is moot, and the step's own end will note it
+        again (a change in another transaction notes its own)."""
         step, to = change.step, change.to
         due_at = change.values.get("due_at", step.due_at)
         was, active = _is_active(step.status, step.due_at), _is_active(to, due_at)
         if (was and not active) or (step.status is _RUNNING and to is not _RUNNING):
             self._hints.add(step.run_id)
-        elif active and not was:
+            self._under_way.discard(step.run_id)
+        elif active:
             self._hints.discard(step.run_id)
+            self._under_way.add(step.run_id)
 
     def _hold_step(self, change: transitions.StepChange) -> records.Step:
         """Decide a step change now and write it with others later (``write_pending``): the

@@ -110,6 +110,37 @@ async def test_a_step_finished_and_its_run_advanced_in_one_transaction_leaves_no
         await db.dispose()
 
 
+async def test_an_approval_makes_its_step_due_and_leaves_no_hint(database_url: str) -> None:
+    """Parked for approval, then approved: the run is running again with its step due, so
+    there is nothing to advance (and nothing for every probe to look at until a pass)."""
+    db, store = await _store(database_url)
+    try:
+
+        def start_and_park(tx: sql_store.SqlTx) -> int:
+            run_id = _started(tx)
+            due = tx.apply(transitions.make_due(_first(tx, run_id), now=NOW))
+            tx.apply(transitions.park(due))
+            run = tx.get_run(run_id)
+            assert run is not None
+            tx.apply(transitions.move_run(run, runs.RunStatus.WAITING_APPROVAL, reason="park"))
+            return run_id
+
+        run_id = await store.run("pass", start_and_park)
+        assert await _hinted(db) == []
+
+        def approve(tx: sql_store.SqlTx) -> None:
+            step, run = _first(tx, run_id), tx.get_run(run_id)
+            assert run is not None
+            tx.apply(transitions.approve(step, now=NOW, actor="oncall", reason="ok", data={}))
+            tx.apply(transitions.move_run(run, runs.RunStatus.RUNNING, reason="approved"))
+
+        await store.run("approve", approve)
+        assert await _hinted(db) == []
+        assert {"advance": False, "due": True}.items() <= vars(await store.probe()).items()
+    finally:
+        await db.dispose()
+
+
 async def test_a_hint_is_taken_by_the_advance_stage_and_a_stale_one_is_deleted(
     database_url: str,
 ) -> None:
@@ -325,3 +356,35 @@ async def test_the_advance_check_does_not_walk_the_runs_under_way(tmp_path: Any)
         _seed_busy_runs(url, runs_under_way - len(counts) * 20)
         counts.append((_instructions(url, advance_check), _instructions(url, stage)))
     assert counts[0] == counts[1]
+
+
+async def test_the_leaders_sweep_hints_a_run_to_advance_that_no_hint_names(
+    database_url: str,
+) -> None:
+    """A run left to advance with no hint (changed by a replica of an older version) is
+    hinted by the sweep, and then advanced; runs hinted already, or with a step under way,
+    are not hinted again."""
+    db, store = await _store(database_url)
+    try:
+        unseen = await store.run("start", _started)
+        hinted = await store.run("start", lambda tx: _started(tx, node="gpu-node-02"))
+
+        def busy(tx: sql_store.SqlTx) -> int:
+            run_id = _started(tx, node="gpu-node-03")
+            tx.apply(transitions.make_due(_first(tx, run_id), now=NOW))
+            return run_id
+
+        await store.run("start", busy)
+        async with db.write("an older replica's change") as conn:
+            hints = tables.advance_hints
+            await conn.execute(sa.delete(hints).where(hints.c.run_id == unseen))
+        assert await _hinted(db) == [hinted]
+        assert await store.hint_runs_to_advance() == 1
+        assert sorted(await _hinted(db)) == [unseen, hinted]
+        assert await store.hint_runs_to_advance() == 0
+        found = await store.run(
+            "advance", lambda tx: [run.id for run in tx.active_runs_with_no_active_step(10)]
+        )
+        assert found == [unseen, hinted]
+    finally:
+        await db.dispose()

@@ -24,11 +24,16 @@ class FlakyStore:
 
     def __init__(self, *failures: Exception) -> None:
         self.failures = list(failures)
+        self.hint_sweeps = 0
 
     async def probe(self) -> records.Probe:
         if self.failures:
             raise self.failures.pop(0)
         return IDLE
+
+    async def hint_runs_to_advance(self) -> int:
+        self.hint_sweeps += 1
+        return 0
 
 
 class Passes(observe.NullObserver):
@@ -71,6 +76,21 @@ async def test_passes_that_raise_anything_are_reported_and_the_loop_goes_on():
     await _run_until(engine, lambda: len(observer.ended) >= 5)
     assert [error for _, error in observer.ended[:5]] == [*failures, None, None]
     assert {at for at, _ in observer.ended} == {NOW}
+
+
+async def test_the_leader_looks_for_unhinted_runs_at_the_first_pass_then_each_interval():
+    store, observer = FlakyStore(), Passes()
+    engine = _engine(store, observer)
+    await _run_until(engine, lambda: len(observer.ended) >= 5)
+    assert store.hint_sweeps == 1  # the interval (a minute) has not passed since
+
+
+async def test_a_replica_that_does_not_lead_never_looks_for_unhinted_runs():
+    store, observer = FlakyStore(), Passes()
+    engine = _engine(store, observer)
+    engine.is_leader = lambda: False
+    await _run_until(engine, lambda: len(observer.ended) >= 5)
+    assert store.hint_sweeps == 0
 
 
 async def test_the_loop_still_ends_when_cancelled():
