@@ -200,7 +200,8 @@ locks = sa.Table(
 # changed, not how many runs are under way: with 10,000 runs each waiting on a running or due
 # step it walked them all, 10-19 ms a probe, before every pass (migration 0010). A hint may
 # outlive its reason (the run moved on in a later transaction): the engine checks the run and
-# deletes it. Written only by the transaction that made the change, when it commits.
+# deletes it. Written by the transaction that made the change, when it commits (and by the
+# leader's once-a-minute look for a run to advance that no hint names).
 advance_hints = sa.Table(
     "advance_hints",
     metadata,
