@@ -19,6 +19,7 @@ so the intent is durable. If the worker dies, the lease expires, a sweeper puts 
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 
 
@@ -99,6 +100,15 @@ def run_sources(target: RunStatus) -> frozenset[RunStatus]:
 
 def step_sources(target: StepStatus) -> frozenset[StepStatus]:
     return frozenset(src for src, dests in STEP_TRANSITIONS.items() if target in dests)
+
+
+_UNDER_WAY = frozenset({StepStatus.RUNNING, StepStatus.WAITING_APPROVAL})
+
+
+def under_way(status: StepStatus, due_at: dt.datetime | None) -> bool:
+    """Running, parked for approval, or due: a step that keeps its run from being advanced
+    (a pending step without a due time waits for the run to reach it)."""
+    return status in _UNDER_WAY or (status is StepStatus.PENDING and due_at is not None)
 
 
 class RunKind(enum.StrEnum):

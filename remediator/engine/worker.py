@@ -75,13 +75,6 @@ class EngineSettings:
 HINT_SWEEP_INTERVAL = 60.0
 
 
-def _active(step: records.Step) -> bool:
-    """Running, parked for approval, or due: what keeps a run from being advanced."""
-    return step.status in (runs.StepStatus.RUNNING, runs.StepStatus.WAITING_APPROVAL) or (
-        step.status is runs.StepStatus.PENDING and step.due_at is not None
-    )
-
-
 @dataclasses.dataclass
 class _Pass:
     """What a pass (or one of its stages) did, acted on once its transaction committed."""
@@ -657,7 +650,7 @@ class Engine:
     def _next_step(
         self, tx: store.Tx, run: records.Run, gate: guarding.Gate, report: lifecycle.Report
     ) -> executor.Claimed | None:
-        if any(_active(step) for step in tx.steps_of_run(run.id)):
+        if any(runs.under_way(step.status, step.due_at) for step in tx.steps_of_run(run.id)):
             return None  # another step of the run is under way (or parked for approval)
         lifecycle.advance_run(tx, run, registry=self.services.registry, report=report)
         due = [

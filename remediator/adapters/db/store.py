@@ -627,14 +627,6 @@ def _due_steps(now: Any) -> Any:
 
 
 _NOW = sa.bindparam("now", type_=tables.UTCDateTime())
-_RUNNING = runs.StepStatus.RUNNING
-_ACTIVE_STEP = frozenset({runs.StepStatus.RUNNING, runs.StepStatus.WAITING_APPROVAL})
-
-
-def _is_active(status: runs.StepStatus, due_at: dt.datetime | None) -> bool:
-    """Running, parked for approval, or due: a step that keeps its run from being advanced
-    (the condition ``_advanceable_runs`` reads)."""
-    return status in _ACTIVE_STEP or (status is runs.StepStatus.PENDING and due_at is not None)
 
 
 # What kinds of engine work exist, in one read (built once: the engine asks many times a second).
@@ -1574,8 +1566,9 @@ class SqlTx:
         again (a change in another transaction notes its own)."""
         step, to = change.step, change.to
         due_at = change.values.get("due_at", step.due_at)
-        was, active = _is_active(step.status, step.due_at), _is_active(to, due_at)
-        if (was and not active) or (step.status is _RUNNING and to is not _RUNNING):
+        was, active = runs.under_way(step.status, step.due_at), runs.under_way(to, due_at)
+        running = runs.StepStatus.RUNNING
+        if (was and not active) or (step.status is running and to is not running):
             self._hints.add(step.run_id)
             self._under_way.discard(step.run_id)
         elif active:

@@ -10,8 +10,6 @@ from collections.abc import Iterator
 from remediator.adapters.memory import tables
 from remediator.domain import alerts, playbooks, records, runs
 
-_ACTIVE_STEP = frozenset({runs.StepStatus.RUNNING, runs.StepStatus.WAITING_APPROVAL})
-
 
 def steps_of(t: tables.Tables, run_id: int) -> list[records.Step]:
     """A run's steps by ``seq``, then id."""
@@ -73,12 +71,6 @@ def resolved_alert_run(t: tables.Tables, run: records.Run) -> bool:
     return episode is not None and episode.status is alerts.AlertStatus.RESOLVED
 
 
-def _step_is_active(step: records.Step) -> bool:
-    return step.status in _ACTIVE_STEP or (
-        step.status is runs.StepStatus.PENDING and step.due_at is not None
-    )
-
-
 def advanceable_runs(t: tables.Tables) -> Iterator[records.Run]:
     """Running runs with no active step (running, waiting, or pending with a due time), and
     running runs whose alert resolved with no step running (by id)."""
@@ -86,7 +78,7 @@ def advanceable_runs(t: tables.Tables) -> Iterator[records.Run]:
         if run.status is not runs.RunStatus.RUNNING:
             continue
         steps = [t.steps[step_id] for step_id in t.run_steps.get(run.id, ())]
-        idle = not any(_step_is_active(step) for step in steps)
+        idle = not any(runs.under_way(step.status, step.due_at) for step in steps)
         running = any(step.status is runs.StepStatus.RUNNING for step in steps)
         if idle or (resolved_alert_run(t, run) and not running):
             yield run
