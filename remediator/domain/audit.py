@@ -76,10 +76,11 @@ def from_export(line: Mapping[str, Any]) -> dict[str, Any]:
     return {name: line.get(exported) for name, exported in EXPORT_NAMES.items()}
 
 
-# Columns whose changes are not audited: lease bookkeeping, due times and the progress a
-# running step reports (its final output is audited once it ends).
+# Columns whose changes are not audited: lease bookkeeping, due times, what a pending run
+# waits for, and the progress a running step reports (its final output is audited once it
+# ends).
 VOLATILE = {
-    "runs": frozenset({"updated_at"}),
+    "runs": frozenset({"updated_at", "waiting_for"}),
     "steps": frozenset({"due_at", "lease_owner", "lease_expires_at"}),
     "approvals": frozenset(),
 }

@@ -441,11 +441,14 @@ def start_run(
     if not all(key in got for key in taken):
         if got:
             tx.release_locks(got)
+        # Not tried again until that lock is released (the store checks it is still held).
+        tx.park_run(run.id, next(key for key in taken if key not in got))
         return False
     if slot not in got and not (
         room and any(tx.try_lock(key, run_id=run.id, expires_at=None) for key in free)
     ):
         tx.release_locks(taken)
+        tx.park_run(run.id, prefix, slots=concurrency)  # until one of the slots is released
         # Said once per run: the marker is a lock of the run's, released when it ends.
         if report is not None and tx.try_lock(f"noted:{run.id}", run_id=run.id, expires_at=None):
             reason = f"playbook {run.playbook} already has {concurrency} active runs"

@@ -153,16 +153,25 @@ class Engine:
 
     async def _sweep_hints(self) -> None:
         """The leader, every ``HINT_SWEEP_INTERVAL`` seconds: hint the runs to advance that
-        no hint names. The advance stage reads only hinted runs (and unhandled resolutions);
-        every transaction that may leave a run to advance hints it, so this finds none, but
-        a replica of an older version during a rolling upgrade hints nothing, and a run left
-        unseen would never converge."""
+        no hint names, and wake the parked runs whose wait is over. The advance stage reads
+        only hinted runs (and unhandled resolutions), the start stage only unparked ones;
+        every transaction that may leave a run to advance hints it, and every release wakes
+        the runs parked behind it, so this finds none, but a replica of an older version
+        during a rolling upgrade does neither, and a run left unseen would never converge."""
         if not self.is_leader() or time.monotonic() < self._hint_sweep_at:
             return
         self._hint_sweep_at = time.monotonic() + HINT_SWEEP_INTERVAL
         hinted = await self.services.store.hint_runs_to_advance()
         if hinted:
             logger.warning("%d runs to advance had no hint; hinted now", hinted)
+        woken = await self.services.store.wake_parked_runs(self._concurrency)
+        if woken:
+            logger.warning("%d runs waited for a lock no one held; woken now", woken)
+
+    def _concurrency(self, playbook: str) -> int:
+        """How many runs of ``playbook`` may be active at once (1 for one no longer loaded)."""
+        found = self.rules.index.get(playbook)
+        return found.concurrency if found else 1
 
     async def tick(self) -> bool:
         """One pass over the kinds of work that exist. Returns whether anything happened.

@@ -80,7 +80,17 @@ class Tx(Protocol):
         transaction (a batch of step outcomes asked for each, one statement at a time). A
         store may read the episodes when the first of them is asked for (all of them then)."""
 
-    def lock_pending_runs(self, limit: int) -> list[records.Run]: ...
+    def lock_pending_runs(self, limit: int) -> list[records.Run]:
+        """Pending runs to try to start, oldest first: none whose node (or GPU) another run
+        holds, and none parked (``park_run``) behind a key not released since."""
+        ...
+
+    def park_run(self, run_id: int, key: str, *, slots: int | None = None) -> None:
+        """Pending run ``run_id`` could not start: it waits for lock ``key`` or, with
+        ``slots``, for one of the ``slots`` locks whose keys start with ``key`` (a playbook's
+        concurrency). A store may leave it out of ``lock_pending_runs`` until one of those is
+        released; if none is held when the transaction commits, it must not."""
+        ...
 
     @overload
     def apply(self, change: transitions.StepChange) -> records.Step: ...
@@ -197,4 +207,11 @@ class Store(Reads, Protocol):
         """A store that finds the runs to advance through hints of what changed hints every
         such run it has no hint for, and says how many (a safety net the engine's leader runs
         now and then); one that finds them otherwise has nothing to do (0)."""
+        ...
+
+    async def wake_parked_runs(self, slots: Callable[[str], int]) -> int:
+        """A store that parks runs (``Tx.park_run``) makes every parked run whose key is free
+        (a lock key no one holds; a slot prefix of playbook ``p`` with fewer than ``slots(p)``
+        keys held) one to try again, and says how many (a safety net the engine's leader runs
+        now and then); one that does not park has nothing to do (0)."""
         ...

@@ -6,6 +6,7 @@ its audit event commit together or not at all.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import datetime as dt
@@ -81,9 +82,14 @@ _COUNT_NODE_RUNS = (
         R.c.kind != "undo",
     )
 )
-_RELEASE_RUN_LOCKS = sa.delete(L).where(
-    L.c.run_id.in_(sa.bindparam("w_run_ids", expanding=True)), L.c.expires_at.is_(None)
+_RELEASE_RUN_LOCKS = (
+    sa.delete(L)
+    .where(L.c.run_id.in_(sa.bindparam("w_run_ids", expanding=True)), L.c.expires_at.is_(None))
+    .returning(L.c.key)
 )
+# The locks a pending run may wait for (``SqlTx.park_run``): its node, its GPU, its playbook's
+# slots.
+_WAITED_FOR = ("node:", "gpu:", "slot:")
 # Postgres's append of a transaction's events (``SqlTx.flush``): each event's values but its
 # place in the chain (id, prev_hash, hash) quoted by the driver before the chain's head is
 # locked, then the rows and the head's move in one statement after it.
@@ -511,22 +517,51 @@ def _filter_sqlite(element: _Filter, compiler: Any, **kw: Any) -> str:
     return f"+{compiler.process(element.condition, **kw)}"
 
 
-def _startable_runs() -> Any:
-    """Pending runs whose node (exclusive runs) or GPU (other runs on one GPU) is not held by
-    another run (no point trying those)."""
-    held = sa.exists(
-        sa.select(L.c.key).where(L.c.key == sa.literal("node:") + R.c.node, L.c.run_id != R.c.id)
+@compiles(sa.Table, "sqlite")
+def _table_sqlite(table: sa.Table, compiler: Any, **kw: Any) -> str:
+    """A table as SQLite names it, with a statement's hint for it (``Select.with_hint(table,
+    "INDEXED BY ...", "sqlite")``) after it in a FROM clause: SQLAlchemy's SQLite compiler
+    drops such hints."""
+    text = str(compiler.visit_table(table, **kw))
+    hints = kw.get("fromhints")
+    if kw.get("asfrom") and hints and table in hints:
+        text += f" {hints[table]}"
+    return text
+
+
+# Written into the statement, not bound: SQLite uses a partial index only where the statement
+# itself implies its condition, and ``INDEXED BY`` one it cannot use fails to prepare.
+_PENDING: Any = sa.literal_column(f"'{runs.RunStatus.PENDING.value}'")
+
+
+def _startable_runs(*columns: Any) -> sa.Select[Any]:
+    """``columns`` of the pending runs not parked (``SqlTx.park_run``), oldest first: the runs
+    to try to start. Read from their own partial index (``ix_runs_startable``), whatever waits
+    behind held nodes or full playbooks; SQLite is told to (with statistics it took the status
+    index, every pending run, each then filtered out)."""
+    return (
+        sa.select(*columns)
+        .with_hint(R, "INDEXED BY ix_runs_startable", "sqlite")
+        .where(R.c.status == _PENDING, R.c.waiting_for.is_(None))
+        .order_by(R.c.id)
     )
+
+
+def _blocking_lock() -> Any:
+    """The key of the lock another run holds on a run's node (exclusive runs) or GPU (other
+    runs on one GPU), or NULL: the run would not get it (no point trying)."""
+
+    def held(key: Any) -> Any:
+        return _one_of(sa.select(L.c.key).where(L.c.key == key, L.c.run_id != R.c.id))
+
+    node_key = sa.literal("node:") + R.c.node
     gpu_key = sa.literal("gpu:") + R.c.node + sa.literal("/") + R.c.gpu
-    gpu_held = sa.exists(sa.select(L.c.key).where(L.c.key == gpu_key, L.c.run_id != R.c.id))
-    return sa.and_(
-        _Rare(R.c.status == runs.RunStatus.PENDING.value),
-        sa.or_(
-            R.c.node.is_(None),
-            sa.and_(R.c.exclusive.is_(True), ~held),
-            sa.and_(R.c.exclusive.is_(False), sa.or_(R.c.gpu.is_(None), ~gpu_held)),
-        ),
-    )
+    return sa.case(
+        (R.c.node.is_(None), sa.null()),
+        (R.c.exclusive.is_(True), held(node_key)),
+        (R.c.gpu.is_(None), sa.null()),
+        else_=held(gpu_key),
+    ).label("w_blocked")
 
 
 def _one_of(select: sa.Select[Any]) -> Any:
@@ -655,7 +690,7 @@ def _advanceable(which: Any) -> Any:
 _PROBE = sa.select(
     _any("episodes", E.c.id, _unhandled_episodes(), E.c.id),
     _any("expired", S.c.id, _expired_leases(_NOW), S.c.lease_expires_at),
-    _any("startable", R.c.id, _startable_runs(), R.c.id),
+    _one_of(_startable_runs(R.c.id)).is_not(None).label("startable"),
     sa.or_(
         _first(AH.c.id, _advanceable(R.c.id == AH.c.run_id), AH.c.id),
         _first(E.c.id, sa.and_(_resolving(), _advanceable(R.c.episode_id == E.c.id)), E.c.id),
@@ -679,7 +714,41 @@ def _both(select: sa.Select[Any], **for_update: Any) -> tuple[sa.Select[Any], sa
 
 
 _LOCK_UNHANDLED = _both(sa.select(E).where(_unhandled_episodes()).order_by(E.c.id).limit(_LIMIT))
-_LOCK_STARTABLE = _both(sa.select(R).where(_startable_runs()).order_by(R.c.id).limit(_LIMIT))
+_LOCK_STARTABLE = _both(_startable_runs(R, _blocking_lock()).limit(_LIMIT), of=R)
+# Parking (``SqlTx.park_run``), written when the transaction commits: the keys parked behind
+# that are still held then, read ``FOR SHARE SKIP LOCKED`` on Postgres: a row this reads stays
+# until the commit (a release waits for it, then wakes what was parked), and one another
+# transaction is deleting is left out (the run is not parked: it is tried again).
+_LIVE = sa.or_(L.c.expires_at.is_(None), L.c.expires_at > _NOW)
+_STILL_HELD = _both(
+    sa.select(L.c.key).where(L.c.key.in_(sa.bindparam("w_keys", expanding=True)), _LIVE),
+    read=True,
+)
+_SLOTS_STILL_HELD = _both(
+    sa.select(L.c.key).where(L.c.key.startswith(sa.bindparam("w_prefix")), _LIVE), read=True
+)
+_PARK = (
+    sa.update(R)
+    .where(R.c.id == sa.bindparam("w_id"), R.c.status == runs.RunStatus.PENDING.value)
+    .values(waiting_for=sa.bindparam("w_key"))
+)
+# A release wakes the runs parked behind its keys (a slot's: its playbook's prefix), found on
+# ``ix_runs_waiting``.
+_WAKE = (
+    sa.update(R)
+    .where(
+        R.c.status == runs.RunStatus.PENDING.value,
+        R.c.waiting_for.in_(sa.bindparam("w_keys", expanding=True)),
+    )
+    .values(waiting_for=None)
+)
+# The leader's safety net (``SqlStore.wake_parked_runs``): what the parked runs wait for.
+_PARKED_FOR = (
+    sa.select(R.c.playbook, R.c.waiting_for)
+    .where(R.c.status == runs.RunStatus.PENDING.value, R.c.waiting_for.is_not(None))
+    .distinct()
+)
+_LIVE_KEYS = sa.select(L.c.key).where(_LIVE)
 _LOCK_ADVANCEABLE = _both(
     sa.select(R).where(_LOOKED_AT, _advanceable_runs(rare=False)).order_by(R.c.id).limit(_LIMIT)
 )
@@ -953,6 +1022,41 @@ class SqlStore:
 
         return await self.run("hint sweep", hint)
 
+    async def wake_parked_runs(self, slots: Callable[[str], int]) -> int:
+        """Wake every parked run whose key is free; how many. The engine's leader runs it now
+        and then (``worker.HINT_SWEEP_INTERVAL``): a run left parked (a replica of an older
+        version released its key during a rolling upgrade; a fault this code did not foresee)
+        is tried again within that interval rather than never. It reads what the parked runs
+        wait for and the live locks, and takes the write lock only when a wait is stale."""
+        now = self.clock()
+
+        def stale(conn: sa.Connection) -> list[str]:
+            waits = conn.execute(_PARKED_FOR).all()
+            if not waits:
+                return []
+            live = set(conn.execute(_LIVE_KEYS, {"now": now}).scalars())
+            taken = collections.Counter(
+                key[: key.rindex(":") + 1] for key in live if key.startswith("slot:")
+            )
+
+            def free(playbook: str, key: str) -> bool:
+                if key.startswith("slot:"):  # a playbook's slots: fewer held than it may run
+                    return taken[key] < slots(playbook)
+                return key not in live
+
+            return sorted({key for playbook, key in waits if free(playbook, key)})
+
+        if not await self.db.read_sync("wake sweep", stale):
+            return 0
+
+        def wake(tx: SqlTx) -> int:
+            found = stale(tx.conn.conn)
+            if not found:
+                return 0
+            return int(tx.conn.conn.execute(_WAKE, {"w_keys": found}).rowcount)
+
+        return await self.run("wake sweep", wake)
+
     async def probe(self) -> records.Probe:
         """What kinds of engine work exist, in one statement. On SQLite it runs on the
         writer's thread, as ``read`` does: through aiosqlite the same statement cost 0.9 ms
@@ -1096,6 +1200,12 @@ class SqlTx:
         # (or ended) needs none.
         self._hints: set[int] = set()
         self._under_way: set[int] = set()  # runs given (or kept) an active step by it
+        # Pending runs that could not start, by id: what each waits for (a key, or a slot
+        # prefix and the playbook's concurrency), parked when the transaction commits if that
+        # is still held then (``park_run``); and the keys it released, whose parked runs it
+        # wakes (``_write_wakes``).
+        self._parking: dict[int, tuple[str, int | None]] = {}
+        self._waking: set[str] = set()
         self._node_disruptions: dict[str, list[tuple[str | None, dt.datetime | None, int]]] = {}
 
     # -- helpers ---------------------------------------------------------------------------
@@ -1154,6 +1264,7 @@ class SqlTx:
         pending = len(self._pending)
         unsealed = {table: dict(rows) for table, rows in self._unsealed.items()}
         hints, under_way = set(self._hints), set(self._under_way)
+        parking = dict(self._parking)
         nested = self.conn.begin_nested()
         try:
             yield
@@ -1172,6 +1283,7 @@ class SqlTx:
             del self._pending[pending:]
             self._unsealed = unsealed
             self._hints, self._under_way = hints, under_way
+            self._parking, self._waking = parking, set()  # (its releases are undone)
             self._forget()
             raise
         nested.commit()
@@ -1222,6 +1334,8 @@ class SqlTx:
         events into the chain, insert them and move the head (``SqlStore.run`` calls this
         last)."""
         self.write_pending()
+        if self._parking:
+            self._write_parks()
         if self._hints:
             hints, self._hints = sorted(self._hints), set()
             self.conn.execute(_INSERT_HINTS, [{"run_id": run_id} for run_id in hints])
@@ -1479,10 +1593,49 @@ class SqlTx:
         return self._kept_step(step_from_row(row)) if row else None
 
     def lock_pending_runs(self, limit: int) -> list[records.Run]:
+        """The first unparked pending runs; one whose node (or GPU) another run holds is
+        parked behind that lock (``park_run``) rather than returned."""
         query = _LOCK_STARTABLE[self.db.is_postgres]
-        found = [run_from_row(row) for row in self.conn.execute(query, {"w_limit": limit})]
+        found: list[records.Run] = []
+        for row in self.conn.execute(query, {"w_limit": limit}):
+            if row.w_blocked is not None:
+                self._parking[row.id] = (row.w_blocked, None)
+            else:
+                found.append(run_from_row(row))
         self._runs.update((run.id, run) for run in found)
         return found
+
+    def park_run(self, run_id: int, key: str, *, slots: int | None = None) -> None:
+        """Held, and written when the transaction commits if ``key`` (with ``slots``: that
+        many keys starting with it) is still held then (``_write_parks``)."""
+        self._parking[run_id] = (key, slots)
+
+    def _write_parks(self) -> None:
+        """Park the runs whose wait is still held now, after every release of this
+        transaction; the others stay to be tried again. On Postgres the keys read are held
+        until the commit (``_STILL_HELD``), so a release of one in another transaction
+        commits after this one and wakes the run parked here: no run waits for a key that
+        is free."""
+        parking, self._parking = self._parking, {}
+        conn, pg, now = self.conn.conn, self.db.is_postgres, self.now
+        keys = sorted({key for key, slots in parking.values() if slots is None})
+        held = (
+            set(conn.execute(_STILL_HELD[pg], {"w_keys": keys, "now": now}).scalars())
+            if keys
+            else set()
+        )
+        full: set[str] = set()
+        for prefix, slots in {(key, slots) for key, slots in parking.values() if slots}:
+            taken = conn.execute(_SLOTS_STILL_HELD[pg], {"w_prefix": prefix, "now": now}).all()
+            if len(taken) >= slots:
+                full.add(prefix)
+        parked = [
+            {"w_id": run_id, "w_key": key}
+            for run_id, (key, slots) in parking.items()
+            if key in (held if slots is None else full)
+        ]
+        if parked:
+            conn.execute(_PARK, parked)
 
     @overload
     def apply(self, change: transitions.StepChange) -> records.Step: ...
@@ -1617,10 +1770,14 @@ class SqlTx:
         ``errors.Conflict`` for the first row that moved meanwhile. New runs first (one
         statement for the runs, one for their steps): ``errors.Conflict`` if one was already
         there."""
-        if not (self._holding or self._inserting or self._releasing or self._disrupting):
+        if not (
+            self._holding or self._inserting or self._releasing or self._disrupting or self._waking
+        ):
             return
         if self._releasing:
             self._write_releases()
+        if self._waking:
+            self._write_wakes()
         inserted: dict[str, dict[str, str]] = {R.name: {}, S.name: {}}
         existing = self._write_inserts(inserted) if self._inserting else []
         if self._disrupting:
@@ -2164,13 +2321,26 @@ class SqlTx:
     def _write_releases(self) -> None:
         releasing, self._releasing = self._releasing, []
         self.conn.releasing = False
-        self.conn.conn.execute(_RELEASE_RUN_LOCKS, {"w_run_ids": releasing})
+        released = self.conn.conn.execute(_RELEASE_RUN_LOCKS, {"w_run_ids": releasing})
+        self._waking.update(released.scalars())
 
     def release_locks(self, keys: Iterable[str]) -> None:
         keys = list(keys)
         for held in self._held.values():
             held.difference_update(keys)
         self.conn.execute(sa.delete(L).where(L.c.key.in_(keys)))
+        self._waking.update(keys)
+
+    def _write_wakes(self) -> None:
+        """Wake the runs parked behind the keys released (a slot's: its playbook's prefix)."""
+        waking, self._waking = self._waking, set()
+        wanted = {
+            key[: key.rindex(":") + 1] if key.startswith("slot:") else key
+            for key in waking
+            if key.startswith(_WAITED_FOR)
+        }
+        if wanted:
+            self.conn.conn.execute(_WAKE, {"w_keys": sorted(wanted)})
 
     def held_keys(self, prefix: str) -> AbstractSet[str]:
         """Keys of live locks starting with ``prefix``: one query per transaction, whatever

@@ -135,6 +135,10 @@ runs = sa.Table(
     sa.Column("created_at", UTCDateTime(), nullable=False),
     sa.Column("updated_at", UTCDateTime(), nullable=False),
     sa.Column("finished_at", UTCDateTime(), nullable=True),
+    # What a pending run that could not start waits for: a lock key (``node:…``, ``gpu:…``)
+    # or a playbook's slot prefix (``slot:<playbook>:``). The engine does not look at it again
+    # until that is released (migration 0011). Bookkeeping, not audited (``audit.VOLATILE``).
+    sa.Column("waiting_for", sa.String(400), nullable=True),
     sa.UniqueConstraint("episode_id", "playbook", "kind", name="uq_runs_episode_playbook"),
     sa.Index("ix_runs_status", "status", "id"),
     sa.Index("ix_runs_node", "node", "created_at"),
@@ -145,6 +149,15 @@ runs = sa.Table(
     # it scanned every run stored once the storm was over, in every probe.
     _partial_index(
         "ix_runs_active", "id", where="status IN ('pending', 'running', 'waiting_approval')"
+    ),
+    # The pending runs to try to start: those waiting for nothing. The engine's "a run to
+    # start?" and its start stage read them here, never the runs parked behind a held node or
+    # a full playbook: with 10,000 of those the walk took 6 ms (SQLite) to 53 ms (Postgres)
+    # before every pass (migration 0011).
+    _partial_index("ix_runs_startable", "id", where="status = 'pending' AND waiting_for IS NULL"),
+    # The parked runs by what they wait for: a release wakes those waiting for its keys.
+    _partial_index(
+        "ix_runs_waiting", "waiting_for", where="status = 'pending' AND waiting_for IS NOT NULL"
     ),
     # A run's undo runs (the reconciler, for every effect it looks at; a run's page): without
     # it each read scanned every run stored, 55 ms with 10⁶ (migration 0009).

@@ -69,6 +69,11 @@ class MemoryStore:
         await asyncio.sleep(0)
         return 0
 
+    async def wake_parked_runs(self, slots: Callable[[str], int]) -> int:
+        """Nothing to do: no run is parked (``MemoryTx.park_run``)."""
+        await asyncio.sleep(0)
+        return 0
+
     def peek(self, work: Callable[[MemoryTx], T]) -> T:
         """Run ``work`` on the committed state without committing anything (for tests)."""
         tx = MemoryTx(self.tables, now=self.clock(), yield_to=self._writers_waiting)
@@ -241,6 +246,9 @@ class MemoryTx(fleet.FleetTx):
     def lock_pending_runs(self, limit: int) -> list[records.Run]:
         found = itertools.islice(queries.startable_runs(self.tables), max(limit, 0))
         return [tables.detached_run(run) for run in found]
+
+    def park_run(self, run_id: int, key: str, *, slots: int | None = None) -> None:
+        """Nothing kept: the pending runs are looked at every time (``startable_runs``)."""
 
     @overload
     def apply(self, change: transitions.StepChange) -> records.Step: ...

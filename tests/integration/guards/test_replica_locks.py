@@ -399,3 +399,76 @@ async def _hinted_runs(url: str) -> list[int]:
             return list(found.scalars())
     finally:
         await db.dispose()
+
+
+def _holder_and_one_behind(url: str, clock: FakeClock) -> tuple[int, int]:
+    """A started run holding node gpu-p1, and a pending run on the same node (not yet tried)."""
+    asyncio.run(prepare(url, clock, due=[], pending=["gpu-p1"], action="log"))
+
+    def start(tx: sql_store.SqlTx) -> int:
+        (holder,) = tx.lock_pending_runs(10)
+        assert lifecycle.start_run(tx, holder, concurrency=10)
+        behind = tx.insert_run(new_run("gpu-p1", "log"), actor="oncall")
+        assert behind is not None
+        return holder.id
+
+    holder = asyncio.run(_in_one_transaction(url, clock, start))
+    return holder, holder + 1
+
+
+def _finish(tx: sql_store.SqlTx, run_id: int) -> None:
+    run = tx.get_run(run_id)
+    assert run is not None
+    lifecycle.finish_run(tx, run, runs.RunStatus.SUCCEEDED, reason="done")
+
+
+async def _waiting_for(url: str, run_id: int) -> str | None:
+    db = database.Database(url)
+    try:
+        async with db.read() as conn:
+            R = tables.runs
+            found = await conn.execute(sa.select(R.c.waiting_for).where(R.c.id == run_id))
+            waiting: str | None = found.scalar_one()
+            return waiting
+    finally:
+        await db.dispose()
+
+
+def test_a_release_in_another_replica_waits_for_a_park_behind_its_key_then_wakes_the_run(
+    pg_url, clock
+):
+    """Replica A parks a run behind a held node and stays open; replica B meanwhile ends the
+    node's holder. B's release of the lock waits for A's commit (A read the lock row ``FOR
+    SHARE``) and then wakes the run A parked. Had B committed first, its wake would have missed
+    a park not yet committed, and the run would wait for a lock no one holds."""
+    holder, behind = _holder_and_one_behind(pg_url, clock)
+
+    def park(tx: sql_store.SqlTx) -> list[records.Run]:
+        offered = tx.lock_pending_runs(10)
+        tx._write_parks()  # (as its commit would, then held open)
+        return offered
+
+    offered, _, side_by_side = while_a_is_open(pg_url, clock, park, lambda tx: _finish(tx, holder))
+    assert offered == []
+    assert not side_by_side, (
+        "replica B released the lock while A's park of a run behind it was open"
+    )
+    assert asyncio.run(_waiting_for(pg_url, behind)) is None
+
+
+def test_a_run_is_not_parked_behind_a_lock_another_replica_is_releasing(pg_url, clock):
+    """Replica A ends the node's holder, its lock's row deleted, and stays open; replica B
+    meanwhile finds the run behind it (the lock still looks held) but does not park it: the
+    row being deleted is skipped, and B commits without waiting. The run is tried again."""
+    holder, behind = _holder_and_one_behind(pg_url, clock)
+
+    def release(tx: sql_store.SqlTx) -> None:
+        _finish(tx, holder)
+        tx.write_pending()  # the lock's row deleted now (then held open)
+
+    _, offered, side_by_side = while_a_is_open(
+        pg_url, clock, release, lambda tx: tx.lock_pending_runs(10)
+    )
+    assert offered == []  # (its node looked held)
+    assert side_by_side, "replica B's park waited for replica A's release"
+    assert asyncio.run(_waiting_for(pg_url, behind)) is None

@@ -25,6 +25,7 @@ class FlakyStore:
     def __init__(self, *failures: Exception) -> None:
         self.failures = list(failures)
         self.hint_sweeps = 0
+        self.wake_sweeps: list[int] = []
 
     async def probe(self) -> records.Probe:
         if self.failures:
@@ -33,6 +34,10 @@ class FlakyStore:
 
     async def hint_runs_to_advance(self) -> int:
         self.hint_sweeps += 1
+        return 0
+
+    async def wake_parked_runs(self, slots: Any) -> int:
+        self.wake_sweeps.append(slots("gone"))  # a playbook no longer loaded: one at a time
         return 0
 
 
@@ -78,11 +83,12 @@ async def test_passes_that_raise_anything_are_reported_and_the_loop_goes_on():
     assert {at for at, _ in observer.ended} == {NOW}
 
 
-async def test_the_leader_looks_for_unhinted_runs_at_the_first_pass_then_each_interval():
+async def test_the_leader_looks_for_unhinted_and_parked_runs_at_the_first_pass_then_each_interval():
     store, observer = FlakyStore(), Passes()
     engine = _engine(store, observer)
     await _run_until(engine, lambda: len(observer.ended) >= 5)
     assert store.hint_sweeps == 1  # the interval (a minute) has not passed since
+    assert store.wake_sweeps == [1]  # and the parked runs looked at with it
 
 
 async def test_a_replica_that_does_not_lead_never_looks_for_unhinted_runs():
@@ -91,6 +97,7 @@ async def test_a_replica_that_does_not_lead_never_looks_for_unhinted_runs():
     engine.is_leader = lambda: False
     await _run_until(engine, lambda: len(observer.ended) >= 5)
     assert store.hint_sweeps == 0
+    assert store.wake_sweeps == []
 
 
 async def test_the_loop_still_ends_when_cancelled():

@@ -3,6 +3,7 @@ run id modulo the concurrency), in O(1) in a storm."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -29,6 +30,7 @@ class Tx:
         self.held = set(held)
         self.tried: list[str] = []
         self.applied: list[Any] = []
+        self.parked: dict[int, tuple[str, int | None]] = {}
 
     def held_keys(self, prefix: str) -> set[str]:
         return Held(key for key in self.held if key.startswith(prefix))
@@ -45,6 +47,9 @@ class Tx:
 
     def release_locks(self, keys: Any) -> None:
         self.held.difference_update(keys)
+
+    def park_run(self, run_id: int, key: str, *, slots: int | None = None) -> None:
+        self.parked[run_id] = (key, slots)
 
     def add_event(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -120,3 +125,12 @@ def test_no_start_while_every_slot_is_held() -> None:
     assert not lifecycle.start_run(tx, _run(), concurrency=3)  # type: ignore[arg-type]
     assert [key for key in tx.tried if key.startswith("slot:")] == []
     assert tx.applied == []
+    assert tx.parked == {7: ("slot:storm:", 3)}  # until one of the playbook's 3 slots is free
+
+
+def test_a_run_whose_node_another_run_took_meanwhile_waits_for_that_lock() -> None:
+    run = dataclasses.replace(_run(), node="gpu-node-1", exclusive=True)
+    tx = Tx({"node:gpu-node-1"})
+    assert not lifecycle.start_run(tx, run, concurrency=3)  # type: ignore[arg-type]
+    assert tx.parked == {7: ("node:gpu-node-1", None)}
+    assert tx.held == {"node:gpu-node-1"}  # the slot it took with it given back
