@@ -432,41 +432,51 @@ def start_run(
     # follow each other, find theirs free at once, not after every held one (quadratic in
     # its active runs).
     free = (key for key in _slots(prefix, run.id % concurrency, concurrency) if key not in held)
+    if len(held) >= concurrency:  # no slot: its node is not even tried (and let go again)
+        _wait_for_slot(tx, run, prefix, concurrency, report)
+        return False
     # The node (or GPU) and the first free slot in one statement; a slot someone else took
     # meanwhile, the next one (a run is only tried while its node looks free: the startable
     # runs are those whose node no other run holds).
-    room = len(held) < concurrency
-    slot = next(free, None) if room else None
-    got = tx.try_locks([*taken, *([slot] if slot else [])], run_id=run.id, expires_at=None)
+    slot = next(free)
+    got = tx.try_locks([*taken, slot], run_id=run.id, expires_at=None)
     if not all(key in got for key in taken):
         if got:
             tx.release_locks(got)
         # Not tried again until that lock is released (the store checks it is still held).
         tx.park_run(run.id, next(key for key in taken if key not in got))
         return False
-    if slot not in got and not (
-        room and any(tx.try_lock(key, run_id=run.id, expires_at=None) for key in free)
+    if slot not in got and not any(
+        tx.try_lock(key, run_id=run.id, expires_at=None) for key in free
     ):
         tx.release_locks(taken)
-        tx.park_run(run.id, prefix, slots=concurrency)  # until one of the slots is released
-        # Said once per run: the marker is a lock of the run's, released when it ends.
-        if report is not None and tx.try_lock(f"noted:{run.id}", run_id=run.id, expires_at=None):
-            reason = f"playbook {run.playbook} already has {concurrency} active runs"
-            tx.add_event("run.waiting", actor=ENGINE, run_id=run.id, reason=reason)
-            report.notices.append(
-                Notice(
-                    kind="waiting",
-                    reason=reason,
-                    key=f"waiting-{run.id}",
-                    run_id=run.id,
-                    playbook=run.playbook,
-                    node=run.node,
-                    unblock="one of the playbook's active runs ends",
-                )
-            )
+        _wait_for_slot(tx, run, prefix, concurrency, report)
         return False
     tx.apply(transitions.move_run(run, runs.RunStatus.RUNNING, reason="locks acquired"))
     return True
+
+
+def _wait_for_slot(
+    tx: store.Tx, run: records.Run, prefix: str, concurrency: int, report: Report | None
+) -> None:
+    """Every slot of the run's playbook is taken: it waits for one (parked until a slot is
+    released), and on-call hears of it once."""
+    tx.park_run(run.id, prefix, slots=concurrency)
+    # Said once per run: the marker is a lock of the run's, released when it ends.
+    if report is not None and tx.try_lock(f"noted:{run.id}", run_id=run.id, expires_at=None):
+        reason = f"playbook {run.playbook} already has {concurrency} active runs"
+        tx.add_event("run.waiting", actor=ENGINE, run_id=run.id, reason=reason)
+        report.notices.append(
+            Notice(
+                kind="waiting",
+                reason=reason,
+                key=f"waiting-{run.id}",
+                run_id=run.id,
+                playbook=run.playbook,
+                node=run.node,
+                unblock="one of the playbook's active runs ends",
+            )
+        )
 
 
 def advance_run(
