@@ -1,10 +1,11 @@
 """Self-metrics (prometheus-client), one registry per app so tests can run several apps.
 
 Counters and histograms are updated where things happen (intake, engine hooks, database
-transactions). Gauges that mirror database state (approvals waiting, breaker, node budget) are
-read at scrape time by ``read_state``: one cheap query per scrape instead of updates from
-every code path, and every replica reports the same values. The engine-pass metrics are this
-replica's own (each replica runs its own engine loop); ``/readyz`` reads the same state.
+transactions). Gauges that mirror database state (approvals waiting, breaker, node budget,
+runs waiting to start) are read at scrape time by ``read_state``: one cheap query per scrape
+instead of updates from every code path, and every replica reports the same values. The
+engine-pass metrics are this replica's own (each replica runs its own engine loop);
+``/readyz`` reads the same state.
 """
 
 from __future__ import annotations
@@ -132,6 +133,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.runs_waiting = prom.Gauge(
+            "remediator_runs_waiting",
+            "Pending runs that could not start, by what they wait for: a node or a GPU another "
+            "run holds, or a free slot of their playbook (its concurrency).",
+            ["waiting_for"],
+            registry=r,
+        )
         self.pass_failures = prom.Counter(
             "remediator_engine_pass_failures",
             "Engine passes that raised, by reason (store_unavailable or error).",
@@ -218,6 +226,9 @@ class Metrics:
         held = {"approval": state.approvals_pending} | dict(state.held)
         for reason in HELD_REASONS:
             self.steps_held.labels(reason=reason).set(held.get(reason, 0))
+        waiting = dict(state.waiting)
+        for kind in WAITING_FOR.values():
+            self.runs_waiting.labels(waiting_for=kind).set(waiting.get(kind, 0))
 
     def render(self) -> bytes:
         return prom.generate_latest(self.registry)
@@ -226,6 +237,8 @@ class Metrics:
 #: Notice kinds that count as suppressed runs, and the metric's reason for each.
 SUPPRESSIONS = {"suppressed": "cooldown", "waiting": "concurrency"}
 HELD_REASONS = ("approval", *guards.HOLD_KINDS)
+#: What a parked run waits for (``runs.waiting_for``), by the start of its key.
+WAITING_FOR = {"node": "node", "gpu:": "gpu", "slot": "slot"}
 
 
 PASS_FAILURE_REASONS = ("store_unavailable", "error")
@@ -247,11 +260,22 @@ class State:
     breaker_open: bool = False
     budget_nodes_in_use: int = 0
     held: tuple[tuple[str, int], ...] = ()
+    waiting: tuple[tuple[str, int], ...] = ()
 
 
 _HELD = sa.select(tables.steps.c.output).where(
     tables.steps.c.status == "pending",
     tables.steps.c.due_at > sa.bindparam("now", type_=tables.UTCDateTime()),
+)
+
+
+_R = tables.runs
+_KIND = sa.func.substr(_R.c.waiting_for, 1, 4)
+# Parked runs, read on the index of what they wait for (``ix_runs_waiting``).
+_WAITING = (
+    sa.select(_KIND.label("kind"), sa.func.count().label("runs"))
+    .where(_R.c.status == sa.literal_column("'pending'"), _R.c.waiting_for.is_not(None))
+    .group_by(_KIND)
 )
 
 
@@ -296,6 +320,7 @@ async def read_state(db: database.Database, *, now: dt.datetime) -> State:
     async with db.read("metrics") as conn:
         row = (await conn.execute(_state_query())).one()
         held = await _held(conn, now)
+        waiting = (await conn.execute(_WAITING)).all()
     oldest = row.oldest
     breaker = row.breaker if isinstance(row.breaker, dict) else {}
     return State(
@@ -304,4 +329,7 @@ async def read_state(db: database.Database, *, now: dt.datetime) -> State:
         breaker_open=bool(breaker.get("open", False)),
         budget_nodes_in_use=int(row.in_use or 0),
         held=held,
+        waiting=tuple(
+            sorted((WAITING_FOR[row.kind], row.runs) for row in waiting if row.kind in WAITING_FOR)
+        ),
     )

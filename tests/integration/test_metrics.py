@@ -66,6 +66,24 @@ async def test_gauges_follow_the_database_at_scrape_time(make_harness, clock):
     assert after["remediator_deliveries_total"] == 1
 
 
+async def test_runs_waiting_to_start_are_counted_by_what_they_wait_for(make_harness):
+    """A run waits for approval on gpu-node-01 and keeps the node; a second alert for that
+    node makes a run that waits for it."""
+    harness = await make_harness(PLAYBOOK)
+    assert (await _scrape(harness))["remediator_runs_waiting{waiting_for=node}"] == 0
+    first = am_payload("GPUXidError79-firing-1alerts")
+    second = json.loads(json.dumps(first))
+    second["alerts"][0]["fingerprint"] = "0" * 16
+    for body in (first, second):
+        response = await harness.post(json.dumps(body).encode())
+        assert response.status == 200
+        await harness.settle()
+    samples = await _scrape(harness)
+    assert samples["remediator_runs_waiting{waiting_for=node}"] == 1
+    assert samples["remediator_runs_waiting{waiting_for=slot}"] == 0
+    assert samples["remediator_runs_waiting{waiting_for=gpu}"] == 0
+
+
 async def test_rejected_deliveries_are_counted_by_reason(make_harness):
     harness = await make_harness(PLAYBOOK)
     response = await harness.post(b"{not json")
