@@ -111,6 +111,7 @@ class Engine:
         self._resolver: targeting.NodeResolver | None = None
         self._silence_check = 0.0
         self._hint_sweep_at = float("-inf")  # (monotonic)
+        self._swept_rules: playbooks.PlaybookIndex | None = None  # the rules at the last sweep
         self._woken = False
         self._stopping = False
         # Sweeping expired leases is a singleton loop: the app points this at leadership.
@@ -157,15 +158,22 @@ class Engine:
         only hinted runs (and unhandled resolutions), the start stage only unparked ones;
         every transaction that may leave a run to advance hints it, and every release wakes
         the runs parked behind it, so this finds none, but a replica of an older version
-        during a rolling upgrade does neither, and a run left unseen would never converge."""
-        if not self.is_leader() or time.monotonic() < self._hint_sweep_at:
+        during a rolling upgrade does neither, and a run left unseen would never converge.
+        Also at once after the rules are reloaded: a playbook whose concurrency was raised
+        has runs waiting for slots it now has."""
+        index = self.rules.index
+        reloaded = self._swept_rules is not None and index is not self._swept_rules
+        if not self.is_leader() or (time.monotonic() < self._hint_sweep_at and not reloaded):
             return
         self._hint_sweep_at = time.monotonic() + HINT_SWEEP_INTERVAL
+        self._swept_rules = index
         hinted = await self.services.store.hint_runs_to_advance()
         if hinted:
             logger.warning("%d runs to advance had no hint; hinted now", hinted)
         woken = await self.services.store.wake_parked_runs(self._concurrency)
-        if woken:
+        if woken and reloaded:
+            logger.info("%d runs waiting for a slot may start under the reloaded rules", woken)
+        elif woken:
             logger.warning("%d runs waited for a lock no one held; woken now", woken)
 
     def _concurrency(self, playbook: str) -> int:

@@ -91,6 +91,24 @@ async def test_the_leader_looks_for_unhinted_and_parked_runs_at_the_first_pass_t
     assert store.wake_sweeps == [1]  # and the parked runs looked at with it
 
 
+async def test_the_leader_looks_for_parked_runs_again_once_the_rules_are_reloaded():
+    """A reload may raise a playbook's concurrency: the runs waiting for its slots are
+    looked at then, not up to a minute later."""
+    store, observer = FlakyStore(), Passes()
+    engine = _engine(store, observer)
+    swept_before: list[int] = []
+
+    def reload_after_three_passes() -> bool:
+        if len(observer.ended) >= 3 and not swept_before:
+            swept_before.append(len(store.wake_sweeps))
+            engine.rules.index = playbooks.PlaybookIndex([])  # type: ignore[misc]
+        return len(observer.ended) >= 6
+
+    await _run_until(engine, reload_after_three_passes)
+    assert swept_before == [1]
+    assert store.wake_sweeps == [1, 1]
+
+
 async def test_a_replica_that_does_not_lead_never_looks_for_unhinted_runs():
     store, observer = FlakyStore(), Passes()
     engine = _engine(store, observer)
