@@ -145,6 +145,8 @@ def run_detail(run: Mapping[str, Any]) -> str:
     head = {
         "run": f"#{field(run, 'id')} {field(run, 'playbook')} ({field(run, 'kind')})",
         "status": field(run, "status"),
+        # (a pending run that could not start: the lock, or the playbook's slots, it waits for)
+        **({"waiting": field(run, "waitingFor")} if field(run, "waitingFor") else {}),
         "node": f"{cell(field(run, 'node'))} GPU {cell(field(run, 'gpu'))}",
         "alert": f"{alert.get('alertname')} ({alert.get('status')})" if alert else None,
         "reason": field(run, "reason"),

@@ -159,6 +159,13 @@ async def _fleet_server(aiohttp_server, answer=None, status=200):
     return f"127.0.0.1:{server.port}", seen
 
 
+def test_a_run_that_has_not_started_says_what_it_waits_for():
+    run = {"id": 13, "playbook": "gpu-xid-error", "kind": "alert", "status": "pending"}
+    shown = output.run_detail(run | {"waitingFor": "node:gpu-node-03"})
+    assert "waiting:  node:gpu-node-03" in shown.splitlines()
+    assert "waiting" not in output.run_detail(run | {"waitingFor": None})
+
+
 async def test_status_prints_the_fleet_as_a_table(aiohttp_server, capsys):
     where, seen = await _fleet_server(aiohttp_server)
     argv = ["status", "--server", where, "--token", "t0ken", "--output", "table"]

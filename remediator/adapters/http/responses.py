@@ -66,6 +66,9 @@ class Run(TypedDict):
     createdAt: str | None
     updatedAt: str | None
     finishedAt: str | None
+    # A pending run that could not start: the lock it waits for (``node:<name>``,
+    # ``gpu:<node>/<gpu>``) or ``slot:<playbook>:`` (a free slot of its playbook); else None.
+    waitingFor: str | None
 
 
 class Step(TypedDict):
@@ -351,6 +354,7 @@ def run(row: Any) -> Run:
         "createdAt": _iso(row.created_at),
         "updatedAt": _iso(row.updated_at),
         "finishedAt": _iso(row.finished_at),
+        "waitingFor": row.waiting_for if row.status == "pending" else None,
     }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import urllib.parse
 from typing import Any
 
 from aiohttp import web
@@ -68,6 +69,28 @@ def _waiting(detail: dict[str, Any]) -> list[dict[str, Any]]:
     return [step for step in detail["steps"] if step["status"] == "waiting_approval"]
 
 
+def _waits_to_start(detail: dict[str, Any]) -> list[str]:
+    """Why a pending run has not started: what it waits for (``waitingFor``), if anything."""
+    waiting = detail.get("waitingFor")
+    if detail["status"] != "pending" or not waiting:
+        return []
+    kind, _, what = waiting.partition(":")
+    if kind == "slot":
+        why = (
+            f"its playbook <strong>{esc(detail['playbook'])}</strong> already has as many "
+            "active runs as its concurrency allows; it is tried again when one of them ends"
+        )
+    else:
+        node, _, gpu = what.partition("/") if kind == "gpu" else (what, "", "")
+        held = f"GPU <strong>{esc(gpu)}</strong> of node" if gpu else "node"
+        runs = f"/runbooks/runs?{urllib.parse.urlencode({'node': node})}"
+        why = (
+            f"another run holds {held} <strong>{esc(node)}</strong> "
+            f'(<a href="{esc(runs)}">its runs</a>); it is tried again when that run ends'
+        )
+    return [f'<p class="waiting-note"><span class="badge pending">waiting</span> {why}.</p>']
+
+
 def _decision(detail: dict[str, Any], *, can_decide: bool, csrf: str, flash: str) -> str:
     waiting = _waiting(detail)
     parts = [flash]
@@ -76,6 +99,7 @@ def _decision(detail: dict[str, Any], *, can_decide: bool, csrf: str, flash: str
         if detail["status"] in ACTIVE:
             text += " The run goes on by itself."
         parts.append(f'<p id="no-decision">{text}</p>')
+    parts += _waits_to_start(detail)
     for step in detail["steps"]:
         held = (step.get("output") or {}).get("held")
         if step["status"] == "pending" and held:

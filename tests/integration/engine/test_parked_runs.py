@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from remediator.adapters.db import database, migrate, tables
 from remediator.adapters.db import store as sql_store
-from remediator.domain import records, runs
+from remediator.domain import runs
 from remediator.engine import lifecycle
 from tests.contract.plans import new_run
 from tests.integration.engine.test_advance_hints import _instructions, _runs_read
@@ -249,8 +249,3 @@ async def test_postgres_reads_no_waiting_run_to_find_the_runs_to_start(pg_url: s
             read.append(_runs_read(found.scalar_one()[0]["Plan"]))
     await db.dispose()
     assert read == [0, 0]
-
-
-def test_a_parked_run_is_a_run_record_as_before() -> None:
-    """``waiting_for`` is the store's bookkeeping: not a field of a run."""
-    assert "waiting_for" not in {field for field in records.Run.__dataclass_fields__}

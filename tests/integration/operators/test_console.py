@@ -44,3 +44,25 @@ async def test_the_run_page_opens_on_the_decision_and_confirms_it(make_harness):
     assert 'class="decision"' not in after
     events = after.split('id="events"')[1]
     assert "approval" in events
+
+
+async def test_the_run_page_says_what_a_run_that_has_not_started_waits_for(make_harness):
+    """A second alert for a node whose run waits for approval (and keeps the node): its run
+    waits for that run, and its page says so, linking the node's runs."""
+    h = await make_harness(GATED)
+    assert (await h.post(alert_body())).status == 200
+    await h.settle()
+    holder, _ = await waiting_step(h)
+    assert (await h.post(alert_body(fingerprint="0" * 15 + "2"))).status == 200
+    await h.settle()
+    runs = (await (await h.client.get("/api/v1/runs")).json())["items"]
+    waiting = {run["id"]: run["waitingFor"] for run in runs}
+    [behind] = set(waiting) - {holder}
+    assert waiting == {holder: None, behind: "node:gpu-node-03"}
+
+    page = await (await h.client.get(f"/runbooks/runs/{behind}")).text()
+    note = page.split('id="decision"')[1].split('class="waiting-note"')[1].split("</p>")[0]
+    assert "another run holds node <strong>gpu-node-03</strong>" in note
+    assert 'href="/runbooks/runs?node=gpu-node-03"' in note
+    held = await (await h.client.get(f"/runbooks/runs/{holder}")).text()
+    assert 'class="waiting-note"' not in held
