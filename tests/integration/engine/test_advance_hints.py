@@ -7,17 +7,20 @@ all, 10 ms on SQLite and 19 ms on Postgres, before every pass)."""
 from __future__ import annotations
 
 import datetime as dt
-import sqlite3
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from remediator.adapters.db import database, migrate, tables
+from remediator.adapters.db import database, tables
 from remediator.adapters.db import store as sql_store
 from remediator.domain import records, runs, transitions
 from tests.contract.plans import new_run
-from tests.support.statements import NOW  # the ``store`` fixture's clock
+from tests.support.statements import (
+    NOW,  # the ``store`` fixture's clock
+    instructions_as_rows_grow,
+    postgres_rows_read,
+)
 
 
 async def _hinted(db: database.Database) -> list[int]:
@@ -287,37 +290,12 @@ async def _seed_busy_runs(db: database.Database, first: int, count: int) -> None
         await conn.execute(sa.text("ANALYZE"))
 
 
-def _instructions(url: str, statement: Any) -> int:
-    """The SQLite virtual machine's instructions for ``statement`` (a deterministic count)."""
-    from sqlalchemy.dialects import sqlite
-
-    sql = str(statement.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True}))
-    con = sqlite3.connect(url.removeprefix("sqlite+aiosqlite:///"))
-    counted = [0]
-
-    def count() -> int:
-        counted[0] += 1
-        return 0
-
-    con.set_progress_handler(count, 1)
-    con.execute(sql).fetchall()
-    con.close()
-    return counted[0]
-
-
 async def test_the_advance_check_does_not_walk_the_runs_under_way(tmp_path: Any) -> None:
     """With 20 or 2,000 runs each on a due step, the probe's advance check and the advance
     stage's read execute the same instructions: they start from the hints and the unhandled
     resolutions, not from the running runs (2,000 of them made the walk a hundred times the
     work)."""
-    url = f"sqlite+aiosqlite:///{tmp_path / 'busy.db'}"
-    db = database.Database(url)
-    await migrate.upgrade(db)
-    counts = []
-    for first, count in ((1, 20), (21, 1980)):
-        await _seed_busy_runs(db, first, count)
-        counts.append(tuple(_instructions(url, statement) for statement in _ADVANCE_READS))
-    await db.dispose()
+    counts = await instructions_as_rows_grow(tmp_path / "busy.db", _seed_busy_runs, _ADVANCE_READS)
     assert counts[0] == counts[1]
 
 
@@ -325,16 +303,6 @@ _ADVANCE_READS = (
     sa.select({c.name: c for c in sql_store._PROBE.selected_columns}["advance"]),
     sql_store._LOCK_ADVANCEABLE[0].params(w_ids=[0], w_limit=64),
 )
-
-
-def _runs_read(plan: dict[str, Any]) -> int:
-    """The rows of ``runs`` a Postgres plan (``EXPLAIN (ANALYZE, FORMAT JSON)``) read:
-    those it returned and those it read and filtered out, every loop."""
-    own = 0
-    if plan.get("Relation Name") == "runs":
-        kept, removed = plan["Actual Rows"], plan.get("Rows Removed by Filter", 0)
-        own = (kept + removed) * plan["Actual Loops"]
-    return own + sum(_runs_read(child) for child in plan.get("Plans", ()))
 
 
 @pytest.mark.postgres
@@ -345,21 +313,7 @@ async def test_postgres_reads_the_runs_to_advance_by_key_not_the_runs_under_way(
     none resolving). An ``id IN (...) OR episode_id IN (...)`` was planned as a walk of the
     running runs with the OR as a filter (10,000 rows removed, 2.8 ms); as one ``id IN`` of
     both it is a lookup by key."""
-    from sqlalchemy.dialects import postgresql
-
-    db = database.Database(pg_url)
-    await migrate.upgrade(db)
-    await _seed_busy_runs(db, 1, 2000)
-    read = []
-    async with db.write("explain") as conn:
-        for statement in _ADVANCE_READS:
-            sql = statement.compile(
-                dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}
-            )
-            found = await conn.execute(sa.text(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}"))
-            read.append(_runs_read(found.scalar_one()[0]["Plan"]))
-    await db.dispose()
-    assert read == [0, 0]
+    assert await postgres_rows_read(pg_url, _seed_busy_runs, _ADVANCE_READS, "runs") == [0, 0]
 
 
 async def test_the_leaders_sweep_hints_a_run_to_advance_that_no_hint_names(

@@ -11,13 +11,16 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from remediator.adapters.db import database, migrate, tables
+from remediator.adapters.db import database, tables
 from remediator.adapters.db import store as sql_store
 from remediator.domain import runs
 from remediator.engine import lifecycle
 from tests.contract.plans import new_run
-from tests.integration.engine.test_advance_hints import _instructions, _runs_read
-from tests.support.statements import NOW  # the ``store`` fixture's clock
+from tests.support.statements import (
+    NOW,  # the ``store`` fixture's clock
+    instructions_as_rows_grow,
+    postgres_rows_read,
+)
 
 
 async def _waiting(db: database.Database) -> dict[int, str | None]:
@@ -221,31 +224,10 @@ async def test_the_start_check_does_not_walk_the_runs_waiting_behind_held_nodes(
     """With 20 or 2,000 runs waiting behind held nodes, the probe's start check and the start
     stage's read execute the same instructions: they read the runs to try, none here (the
     walk of the pending runs, each asked whether its node was held, grew with them)."""
-    url = f"sqlite+aiosqlite:///{tmp_path / 'busy.db'}"
-    db = database.Database(url)
-    await migrate.upgrade(db)
-    counts = []
-    for first, count in ((1, 20), (21, 1980)):
-        await _seed_parked_runs(db, first, count)
-        counts.append(tuple(_instructions(url, statement) for statement in _START_READS))
-    await db.dispose()
+    counts = await instructions_as_rows_grow(tmp_path / "busy.db", _seed_parked_runs, _START_READS)
     assert counts[0] == counts[1]
 
 
 @pytest.mark.postgres
 async def test_postgres_reads_no_waiting_run_to_find_the_runs_to_start(pg_url: str) -> None:
-    from sqlalchemy.dialects import postgresql
-
-    db = database.Database(pg_url)
-    await migrate.upgrade(db)
-    await _seed_parked_runs(db, 1, 2000)
-    read = []
-    async with db.write("explain") as conn:
-        for statement in _START_READS:
-            sql = statement.compile(
-                dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}
-            )
-            found = await conn.execute(sa.text(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}"))
-            read.append(_runs_read(found.scalar_one()[0]["Plan"]))
-    await db.dispose()
-    assert read == [0, 0]
+    assert await postgres_rows_read(pg_url, _seed_parked_runs, _START_READS, "runs") == [0, 0]
