@@ -33,7 +33,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_runs_waiting",
         "runs",
-        ["waiting_for"],
+        ["waiting_for", "id"],
         sqlite_where=sa.text(_WAITING),
         postgresql_where=sa.text(_WAITING),
     )

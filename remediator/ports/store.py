@@ -210,8 +210,9 @@ class Store(Reads, Protocol):
         ...
 
     async def wake_parked_runs(self, slots: Callable[[str], int]) -> int:
-        """A store that parks runs (``Tx.park_run``) makes every parked run whose key is free
-        (a lock key no one holds; a slot prefix of playbook ``p`` with fewer than ``slots(p)``
-        keys held) one to try again, and says how many (a safety net the engine's leader runs
-        now and then); one that does not park has nothing to do (0)."""
+        """A store that parks runs (``Tx.park_run``) makes every run parked behind a lock key
+        no one holds, and for a slot prefix of playbook ``p`` with fewer than ``slots(p)`` keys
+        held the oldest runs waiting for as many slots as are free, runs to try again, and says
+        how many (a safety net the engine's leader runs now and then); one that does not park
+        has nothing to do (0)."""
         ...

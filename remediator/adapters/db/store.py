@@ -87,9 +87,9 @@ _RELEASE_RUN_LOCKS = (
     .where(L.c.run_id.in_(sa.bindparam("w_run_ids", expanding=True)), L.c.expires_at.is_(None))
     .returning(L.c.key)
 )
-# The locks a pending run may wait for (``SqlTx.park_run``): its node, its GPU, its playbook's
-# slots.
-_WAITED_FOR = ("node:", "gpu:", "slot:")
+# The locks a pending run may wait for by key (``SqlTx.park_run``): its node's, its GPU's. (Or
+# one of its playbook's slots: ``slot:<playbook>:<n>``, waited for as ``slot:<playbook>:``.)
+_NODE_OR_GPU = ("node:", "gpu:")
 # Postgres's append of a transaction's events (``SqlTx.flush``): each event's values but its
 # place in the chain (id, prev_hash, hash) quoted by the driver before the chain's head is
 # locked, then the rows and the head's move in one statement after it.
@@ -732,8 +732,8 @@ _PARK = (
     .where(R.c.id == sa.bindparam("w_id"), R.c.status == runs.RunStatus.PENDING.value)
     .values(waiting_for=sa.bindparam("w_key"))
 )
-# A release wakes the runs parked behind its keys (a slot's: its playbook's prefix), found on
-# ``ix_runs_waiting``.
+# A release wakes the runs parked behind its node and GPU keys, found on ``ix_runs_waiting``,
+# and for each slot it frees the oldest run waiting for one of its playbook (``_WAKE_OLDEST``).
 _WAKE = (
     sa.update(R)
     .where(
@@ -741,6 +741,19 @@ _WAKE = (
         R.c.waiting_for.in_(sa.bindparam("w_keys", expanding=True)),
     )
     .values(waiting_for=None)
+)
+# The oldest ``w_count`` runs waiting for ``w_key`` (in id order on ``ix_runs_waiting``); on
+# Postgres none another transaction holds (an operator cancelling it, another replica waking
+# it): one that then left the pending runs would take the wake with it.
+_OLDEST_WAITING = (
+    sa.select(R.c.id)
+    .where(R.c.status == _PENDING, R.c.waiting_for == sa.bindparam("w_key"))
+    .order_by(R.c.id)
+    .limit(sa.bindparam("w_count"))
+)
+_WAKE_OLDEST = tuple(
+    sa.update(R).where(R.c.id.in_(oldest)).values(waiting_for=None)
+    for oldest in (_OLDEST_WAITING, _OLDEST_WAITING.with_for_update(skip_locked=True))
 )
 # The leader's safety net (``SqlStore.wake_parked_runs``): what the parked runs wait for.
 _PARKED_FOR = (
@@ -1030,30 +1043,36 @@ class SqlStore:
         wait for and the live locks, and takes the write lock only when a wait is stale."""
         now = self.clock()
 
-        def stale(conn: sa.Connection) -> list[str]:
+        def stale(conn: sa.Connection) -> tuple[list[str], dict[str, int]]:
+            """Node and GPU keys no one holds that runs wait for; for each playbook with
+            slots free and runs waiting for one, how many are free."""
             waits = conn.execute(_PARKED_FOR).all()
             if not waits:
-                return []
+                return [], {}
             live = set(conn.execute(_LIVE_KEYS, {"now": now}).scalars())
             taken = collections.Counter(
                 key[: key.rindex(":") + 1] for key in live if key.startswith("slot:")
             )
+            keys = sorted({key for _, key in waits if not key.startswith("slot:")} - live)
+            free = {
+                key: slots(playbook) - taken[key]
+                for playbook, key in waits
+                if key.startswith("slot:") and taken[key] < slots(playbook)
+            }
+            return keys, free
 
-            def free(playbook: str, key: str) -> bool:
-                if key.startswith("slot:"):  # a playbook's slots: fewer held than it may run
-                    return taken[key] < slots(playbook)
-                return key not in live
-
-            return sorted({key for playbook, key in waits if free(playbook, key)})
-
-        if not await self.db.read_sync("wake sweep", stale):
+        if not any(await self.db.read_sync("wake sweep", stale)):
             return 0
 
         def wake(tx: SqlTx) -> int:
-            found = stale(tx.conn.conn)
-            if not found:
-                return 0
-            return int(tx.conn.conn.execute(_WAKE, {"w_keys": found}).rowcount)
+            keys, free = stale(tx.conn.conn)
+            conn, woken = tx.conn.conn, 0
+            if keys:
+                woken += conn.execute(_WAKE, {"w_keys": keys}).rowcount
+            for key, count in sorted(free.items()):
+                wanted = {"w_key": key, "w_count": count}
+                woken += conn.execute(_WAKE_OLDEST[self.db.is_postgres], wanted).rowcount
+            return woken
 
         return await self.run("wake sweep", wake)
 
@@ -1204,7 +1223,7 @@ class SqlTx:
         # prefix and the playbook's concurrency), parked when the transaction commits if that
         # is still held then (``park_run``); and the keys it released, whose parked runs it
         # wakes (``_write_wakes``).
-        self._parking: dict[int, tuple[str, int | None]] = {}
+        self._parking: dict[int, tuple[str, int | None, str | None]] = {}  # (.., playbook)
         self._waking: set[str] = set()
         self._node_disruptions: dict[str, list[tuple[str | None, dt.datetime | None, int]]] = {}
 
@@ -1599,7 +1618,7 @@ class SqlTx:
         found: list[records.Run] = []
         for row in self.conn.execute(query, {"w_limit": limit}):
             if row.w_blocked is not None:
-                self._parking[row.id] = (row.w_blocked, None)
+                self._parking[row.id] = (row.w_blocked, None, row.playbook)
             else:
                 found.append(run_from_row(row))
         self._runs.update((run.id, run) for run in found)
@@ -1608,7 +1627,8 @@ class SqlTx:
     def park_run(self, run_id: int, key: str, *, slots: int | None = None) -> None:
         """Held, and written when the transaction commits if ``key`` (with ``slots``: that
         many keys starting with it) is still held then (``_write_parks``)."""
-        self._parking[run_id] = (key, slots)
+        run = self._runs.get(run_id)
+        self._parking[run_id] = (key, slots, run.playbook if run is not None else None)
 
     def _write_parks(self) -> None:
         """Park the runs whose wait is still held now, after every release of this
@@ -1618,24 +1638,32 @@ class SqlTx:
         is free."""
         parking, self._parking = self._parking, {}
         conn, pg, now = self.conn.conn, self.db.is_postgres, self.now
-        keys = sorted({key for key, slots in parking.values() if slots is None})
+        keys = sorted({key for key, slots, _ in parking.values() if slots is None})
         held = (
             set(conn.execute(_STILL_HELD[pg], {"w_keys": keys, "now": now}).scalars())
             if keys
             else set()
         )
         full: set[str] = set()
-        for prefix, slots in {(key, slots) for key, slots in parking.values() if slots}:
+        for prefix, slots in {(key, slots) for key, slots, _ in parking.values() if slots}:
             taken = conn.execute(_SLOTS_STILL_HELD[pg], {"w_prefix": prefix, "now": now}).all()
             if len(taken) >= slots:
                 full.add(prefix)
         parked = [
-            {"w_id": run_id, "w_key": key}
-            for run_id, (key, slots) in parking.items()
+            (run_id, key, slots, playbook)
+            for run_id, (key, slots, playbook) in parking.items()
             if key in (held if slots is None else full)
         ]
-        if parked:
-            conn.execute(_PARK, parked)
+        if not parked:
+            return
+        conn.execute(_PARK, [{"w_id": run_id, "w_key": key} for run_id, key, _, _ in parked])
+        # A run that waits for its node may have been woken for a free slot it now does not
+        # take: the next run waiting for one of its playbook's slots is woken in its place
+        # (it parks again at once if there is no room after all).
+        handed = collections.Counter(
+            f"slot:{playbook}:" for _, _, slots, playbook in parked if slots is None and playbook
+        )
+        self._wake_oldest(handed)
 
     @overload
     def apply(self, change: transitions.StepChange) -> records.Step: ...
@@ -2332,15 +2360,25 @@ class SqlTx:
         self._waking.update(keys)
 
     def _write_wakes(self) -> None:
-        """Wake the runs parked behind the keys released (a slot's: its playbook's prefix)."""
+        """Wake the runs parked behind the node and GPU keys released, and for each slot
+        released the oldest run waiting for a slot of its playbook. (Every run waiting for a
+        slot, woken at each release, parked again but one: a storm through a playbook of
+        concurrency 10 rewrote its 990 waiting runs at each of its thousand releases.)"""
         waking, self._waking = self._waking, set()
-        wanted = {
-            key[: key.rindex(":") + 1] if key.startswith("slot:") else key
-            for key in waking
-            if key.startswith(_WAITED_FOR)
-        }
-        if wanted:
-            self.conn.conn.execute(_WAKE, {"w_keys": sorted(wanted)})
+        exact = sorted(key for key in waking if key.startswith(_NODE_OR_GPU))
+        if exact:
+            self.conn.conn.execute(_WAKE, {"w_keys": exact})
+        self._wake_oldest(
+            collections.Counter(
+                key[: key.rindex(":") + 1] for key in waking if key.startswith("slot:")
+            )
+        )
+
+    def _wake_oldest(self, wanted: Mapping[str, int]) -> None:
+        """Wake the oldest ``count`` runs waiting for ``key``, for each of ``wanted``."""
+        statement = _WAKE_OLDEST[self.db.is_postgres]
+        for key, count in sorted(wanted.items()):
+            self.conn.conn.execute(statement, {"w_key": key, "w_count": count})
 
     def held_keys(self, prefix: str) -> AbstractSet[str]:
         """Keys of live locks starting with ``prefix``: one query per transaction, whatever

@@ -155,9 +155,13 @@ runs = sa.Table(
     # a full playbook: with 10,000 of those the walk took 6 ms (SQLite) to 53 ms (Postgres)
     # before every pass (migration 0011).
     _partial_index("ix_runs_startable", "id", where="status = 'pending' AND waiting_for IS NULL"),
-    # The parked runs by what they wait for: a release wakes those waiting for its keys.
+    # The parked runs by what they wait for, oldest first: a release wakes those waiting for
+    # its keys (for a slot, the oldest waiting for one of its playbook).
     _partial_index(
-        "ix_runs_waiting", "waiting_for", where="status = 'pending' AND waiting_for IS NOT NULL"
+        "ix_runs_waiting",
+        "waiting_for",
+        "id",
+        where="status = 'pending' AND waiting_for IS NOT NULL",
     ),
     # A run's undo runs (the reconciler, for every effect it looks at; a run's page): without
     # it each read scanned every run stored, 55 ms with 10⁶ (migration 0009).

@@ -88,9 +88,37 @@ async def test_runs_behind_a_full_playbook_wait_for_a_slot_and_the_oldest_takes_
     assert not (await store.probe()).startable
 
     await store.run("finish", lambda tx: _finish(tx, first))
-    assert await _waiting(db) == {second: None, third: None}  # each may take the slot
+    assert await _waiting(db) == {second: None, third: "slot:reboot:"}  # one slot: the oldest
     assert await store.run("start", lambda tx: _start_stage(tx, 1)) == [second]
     assert await _waiting(db) == {third: "slot:reboot:"}
+
+
+async def test_a_run_woken_for_a_slot_that_waits_for_its_node_hands_the_slot_on(
+    store: sql_store.SqlStore,
+) -> None:
+    """Woken for the slot its playbook freed, the oldest waiting run finds its node taken
+    meanwhile (by a run of another playbook): it waits for the node, and the next run waiting
+    for a slot is woken in its place, rather than the slot staying free while runs wait."""
+    db = store.db
+    first = await store.run("insert", lambda tx: _insert(tx, "gpu-node-01"))
+    assert await store.run("start", lambda tx: _start_stage(tx, 1)) == [first]
+    second = await store.run("insert", lambda tx: _insert(tx, "gpu-node-02"))
+    third = await store.run("insert", lambda tx: _insert(tx, "gpu-node-03"))
+    assert await store.run("start", lambda tx: _start_stage(tx, 1)) == []
+
+    def other_playbook(tx: sql_store.SqlTx) -> int:
+        run_id = tx.insert_run(new_run(node="gpu-node-02", playbook="drain"), actor="test")
+        assert run_id is not None
+        return run_id
+
+    drain = await store.run("insert", other_playbook)
+    assert await store.run("start", lambda tx: _start_stage(tx, 1)) == [drain]
+    await store.run("finish", lambda tx: _finish(tx, first))
+    assert await _waiting(db) == {second: None, third: "slot:reboot:"}
+
+    assert await store.run("start", lambda tx: _start_stage(tx, 1)) == []
+    assert await _waiting(db) == {second: "node:gpu-node-02", third: None}
+    assert await store.run("start", lambda tx: _start_stage(tx, 1)) == [third]
 
 
 async def test_a_run_is_not_parked_behind_a_lock_released_in_the_same_transaction(
@@ -144,6 +172,10 @@ async def test_the_leaders_sweep_wakes_a_run_whose_wait_is_over(store: sql_store
     holders = [await store.run("insert", lambda tx, n=n: _insert(tx, n)) for n in nodes]
     assert await store.run("start", lambda tx: _start_stage(tx, 2)) == holders[:2]
     behind = [await store.run("insert", lambda tx, n=n: _insert(tx, n)) for n in nodes[:2]]
+    await store.run("start", lambda tx: _start_stage(tx, 2))
+    # Parked behind their nodes, they handed on the slot they might have been woken for: the
+    # run waiting for one is tried again, and waits again (no slot is free).
+    assert (await _waiting(db))[holders[2]] is None
     await store.run("start", lambda tx: _start_stage(tx, 2))
     assert await _waiting(db) == {
         holders[2]: "slot:reboot:",
