@@ -74,16 +74,21 @@ async def test_a_run_behind_a_held_node_waits_for_its_lock_and_starts_once_it_is
     assert await store.run("start", _start_stage) == [behind]
 
 
+async def _one_running_two_waiting_for_its_slot(store: sql_store.SqlStore) -> list[int]:
+    """Three runs of a playbook of concurrency 1 on three nodes: the first started."""
+    nodes = ("gpu-node-01", "gpu-node-02", "gpu-node-03")
+    found = [await store.run("insert", lambda tx, n=n: _insert(tx, n)) for n in nodes[:1]]
+    assert await store.run("start", lambda tx: _start_stage(tx, 1)) == found
+    found += [await store.run("insert", lambda tx, n=n: _insert(tx, n)) for n in nodes[1:]]
+    assert await store.run("start", lambda tx: _start_stage(tx, 1)) == []
+    return found
+
+
 async def test_runs_behind_a_full_playbook_wait_for_a_slot_and_the_oldest_takes_it(
     store: sql_store.SqlStore,
 ) -> None:
     db = store.db
-    first = await store.run("insert", lambda tx: _insert(tx, "gpu-node-01"))
-    assert await store.run("start", lambda tx: _start_stage(tx, 1)) == [first]
-    second = await store.run("insert", lambda tx: _insert(tx, "gpu-node-02"))
-    third = await store.run("insert", lambda tx: _insert(tx, "gpu-node-03"))
-
-    assert await store.run("start", lambda tx: _start_stage(tx, 1)) == []
+    first, second, third = await _one_running_two_waiting_for_its_slot(store)
     assert await _waiting(db) == {second: "slot:reboot:", third: "slot:reboot:"}
     assert not (await store.probe()).startable
 
@@ -100,11 +105,7 @@ async def test_a_run_woken_for_a_slot_that_waits_for_its_node_hands_the_slot_on(
     meanwhile (by a run of another playbook): it waits for the node, and the next run waiting
     for a slot is woken in its place, rather than the slot staying free while runs wait."""
     db = store.db
-    first = await store.run("insert", lambda tx: _insert(tx, "gpu-node-01"))
-    assert await store.run("start", lambda tx: _start_stage(tx, 1)) == [first]
-    second = await store.run("insert", lambda tx: _insert(tx, "gpu-node-02"))
-    third = await store.run("insert", lambda tx: _insert(tx, "gpu-node-03"))
-    assert await store.run("start", lambda tx: _start_stage(tx, 1)) == []
+    first, second, third = await _one_running_two_waiting_for_its_slot(store)
 
     def other_playbook(tx: sql_store.SqlTx) -> int:
         run_id = tx.insert_run(new_run(node="gpu-node-02", playbook="drain"), actor="test")
