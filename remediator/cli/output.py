@@ -140,13 +140,20 @@ def _approvals(step: Mapping[str, Any]) -> str:
     return f"{field(step, 'approvalsGiven', '?')}/{field(step, 'approvalsRequired', 1)}"
 
 
+def _waiting_for(run: Mapping[str, Any]) -> str:
+    """What a pending run waits for, and the run that holds it (when known)."""
+    behind = field(run, "waitingBehind")
+    held = f" (held by run #{behind})" if behind is not None else ""
+    return f"{field(run, 'waitingFor')}{held}"
+
+
 def run_detail(run: Mapping[str, Any]) -> str:
     alert = field(run, "alert") or {}
     head = {
         "run": f"#{field(run, 'id')} {field(run, 'playbook')} ({field(run, 'kind')})",
         "status": field(run, "status"),
         # (a pending run that could not start: the lock, or the playbook's slots, it waits for)
-        **({"waiting": field(run, "waitingFor")} if field(run, "waitingFor") else {}),
+        **({"waiting": _waiting_for(run)} if field(run, "waitingFor") else {}),
         "node": f"{cell(field(run, 'node'))} GPU {cell(field(run, 'gpu'))}",
         "alert": f"{alert.get('alertname')} ({alert.get('status')})" if alert else None,
         "reason": field(run, "reason"),

@@ -161,8 +161,10 @@ async def _fleet_server(aiohttp_server, answer=None, status=200):
 
 def test_a_run_that_has_not_started_says_what_it_waits_for():
     run = {"id": 13, "playbook": "gpu-xid-error", "kind": "alert", "status": "pending"}
-    shown = output.run_detail(run | {"waitingFor": "node:gpu-node-03"})
-    assert "waiting:  node:gpu-node-03" in shown.splitlines()
+    shown = output.run_detail(run | {"waitingFor": "node:gpu-node-03", "waitingBehind": 12})
+    assert "waiting:  node:gpu-node-03 (held by run #12)" in shown.splitlines()
+    slot = output.run_detail(run | {"waitingFor": "slot:gpu-xid-error:", "waitingBehind": None})
+    assert "waiting:  slot:gpu-xid-error:" in slot.splitlines()
     assert "waiting" not in output.run_detail(run | {"waitingFor": None})
 
 

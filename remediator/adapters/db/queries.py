@@ -16,6 +16,7 @@ S = tables.steps
 A = tables.audit_events
 D = tables.deliveries
 AP = tables.approvals
+L = tables.locks
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -35,6 +36,7 @@ class RunDetail:
     events: list[Any]
     episode: Any | None
     children: list[Any]
+    waiting_behind: int | None = None  # the run holding the lock a pending run waits for
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -140,6 +142,10 @@ class Queries:
             approvals = await conn.execute(
                 sa.select(AP).where(AP.c.step_id.in_([row.id for row in steps])).order_by(AP.c.id)
             )
+            behind = None
+            if run.status == "pending" and run.waiting_for and not run.waiting_for.endswith(":"):
+                holder = sa.select(L.c.run_id).where(L.c.key == run.waiting_for)
+                behind = (await conn.execute(holder)).scalar_one_or_none()
             return RunDetail(
                 run=run,
                 steps=steps,
@@ -147,6 +153,7 @@ class Queries:
                 events=list(events),
                 episode=episode,
                 children=list(children),
+                waiting_behind=behind,
             )
 
 

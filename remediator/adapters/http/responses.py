@@ -145,6 +145,7 @@ class RunDetail(Run):
     events: list[Event]
     alert: AlertOfRun | None
     childRuns: list[ChildRun]
+    waitingBehind: int | None  # the run holding the node or GPU a pending run waits for
 
 
 class WaitingRun(TypedDict):
@@ -423,6 +424,7 @@ def run_detail(found: queries.RunDetail) -> RunDetail:
         "childRuns": [
             {"id": row.id, "kind": row.kind, "status": row.status} for row in found.children
         ],
+        "waitingBehind": found.waiting_behind,
     }
 
 

@@ -84,8 +84,14 @@ def _waits_to_start(detail: dict[str, Any]) -> list[str]:
         node, _, gpu = what.partition("/") if kind == "gpu" else (what, "", "")
         held = f"GPU <strong>{esc(gpu)}</strong> of node" if gpu else "node"
         runs = f"/runbooks/runs?{urllib.parse.urlencode({'node': node})}"
+        holder = detail.get("waitingBehind")
+        who = (
+            f'<a href="/runbooks/runs/{int(holder)}">run {int(holder)}</a>'
+            if holder is not None
+            else "another run"
+        )
         why = (
-            f"another run holds {held} <strong>{esc(node)}</strong> "
+            f"{who} holds {held} <strong>{esc(node)}</strong> "
             f'(<a href="{esc(runs)}">its runs</a>); it is tried again when that run ends'
         )
     return [f'<p class="waiting-note"><span class="badge pending">waiting</span> {why}.</p>']

@@ -62,7 +62,10 @@ async def test_the_run_page_says_what_a_run_that_has_not_started_waits_for(make_
 
     page = await (await h.client.get(f"/runbooks/runs/{behind}")).text()
     note = page.split('id="decision"')[1].split('class="waiting-note"')[1].split("</p>")[0]
-    assert "another run holds node <strong>gpu-node-03</strong>" in note
+    holds = f'<a href="/runbooks/runs/{holder}">run {holder}</a> holds node'
+    assert f"{holds} <strong>gpu-node-03</strong>" in note
     assert 'href="/runbooks/runs?node=gpu-node-03"' in note
+    detail = await (await h.client.get(f"/api/v1/runs/{behind}")).json()
+    assert (detail["waitingFor"], detail["waitingBehind"]) == ("node:gpu-node-03", holder)
     held = await (await h.client.get(f"/runbooks/runs/{holder}")).text()
     assert 'class="waiting-note"' not in held
