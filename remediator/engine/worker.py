@@ -75,6 +75,12 @@ class EngineSettings:
 HINT_SWEEP_INTERVAL = 60.0
 
 
+def _concurrency(index: playbooks.PlaybookIndex, playbook: str) -> int:
+    """How many runs of ``playbook`` may be active at once (1 for one no longer loaded)."""
+    found = index.get(playbook)
+    return found.concurrency if found else 1
+
+
 @dataclasses.dataclass
 class _Pass:
     """What a pass (or one of its stages) did, acted on once its transaction committed."""
@@ -170,16 +176,11 @@ class Engine:
         hinted = await self.services.store.hint_runs_to_advance()
         if hinted:
             logger.warning("%d runs to advance had no hint; hinted now", hinted)
-        woken = await self.services.store.wake_parked_runs(self._concurrency)
+        woken = await self.services.store.wake_parked_runs(functools.partial(_concurrency, index))
         if woken and reloaded:
             logger.info("%d runs waiting for a slot may start under the reloaded rules", woken)
         elif woken:
             logger.warning("%d runs waited for a lock no one held; woken now", woken)
-
-    def _concurrency(self, playbook: str) -> int:
-        """How many runs of ``playbook`` may be active at once (1 for one no longer loaded)."""
-        found = self.rules.index.get(playbook)
-        return found.concurrency if found else 1
 
     async def tick(self) -> bool:
         """One pass over the kinds of work that exist. Returns whether anything happened.
@@ -372,8 +373,7 @@ class Engine:
         tx.read_runs(run.id for run in pending)  # their steps (episodes when asked for)
 
         def concurrency(run: records.Run) -> int:
-            playbook = index.get(run.playbook)
-            return playbook.concurrency if playbook else 1
+            return _concurrency(index, run.playbook)
 
         # Every run's locks in one statement; a run that does not start gives its up. If that
         # fails, each run takes its own in its unit (where a failure is that run's alone).

@@ -143,7 +143,9 @@ class Queries:
                 sa.select(AP).where(AP.c.step_id.in_([row.id for row in steps])).order_by(AP.c.id)
             )
             behind = None
-            if run.status == "pending" and run.waiting_for and not run.waiting_for.endswith(":"):
+            # (a node's or a GPU's lock has a holder; a playbook's slots do not name one)
+            waiting = run.status == "pending" and run.waiting_for
+            if waiting and not run.waiting_for.startswith("slot:"):
                 holder = sa.select(L.c.run_id).where(L.c.key == run.waiting_for)
                 behind = (await conn.execute(holder)).scalar_one_or_none()
             return RunDetail(
