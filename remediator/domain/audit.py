@@ -76,12 +76,12 @@ def from_export(line: Mapping[str, Any]) -> dict[str, Any]:
     return {name: line.get(exported) for name, exported in EXPORT_NAMES.items()}
 
 
-# Columns whose changes are not audited: lease bookkeeping, due times, what a pending run
-# waits for, and the progress a running step reports (its final output is audited once it
-# ends).
+# Columns whose changes are not audited: lease bookkeeping, due times, what a pending run or
+# a held step waits for, and the progress a running step reports (its final output is
+# audited once it ends).
 VOLATILE = {
     "runs": frozenset({"updated_at", "waiting_for"}),
-    "steps": frozenset({"due_at", "lease_owner", "lease_expires_at"}),
+    "steps": frozenset({"due_at", "lease_owner", "lease_expires_at", "waiting_for"}),
     "approvals": frozenset(),
 }
 SEALED_TABLES = tuple(VOLATILE)

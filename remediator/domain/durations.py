@@ -27,3 +27,15 @@ def parse_duration(value: object) -> object:
 
 
 Duration = Annotated[dt.timedelta, pydantic.BeforeValidator(parse_duration)]
+
+
+def format_duration(value: dt.timedelta) -> str:
+    """``value`` as ``parse_duration`` reads it back: ``15s``, ``5m``, ``1h30m``, ``0s``."""
+    milliseconds = round(value.total_seconds() * 1000)
+    parts = []
+    for unit in ("d", "h", "m", "s", "ms"):
+        size = round(_UNITS[unit] * 1000)
+        count, milliseconds = divmod(milliseconds, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"

@@ -127,7 +127,16 @@ class GuardConfig(pydantic.BaseModel):
         "applies within each pool.",
     )
     recheck: durations.Duration = pydantic.Field(
-        default=dt.timedelta(seconds=15), description="How often a held step is re-evaluated."
+        default=dt.timedelta(seconds=15),
+        description="How often a step held by a driver upgrade, and the first step in line "
+        "for each disruption budget, is re-evaluated.",
+    )
+    budget_recheck: durations.Duration = pydantic.Field(
+        default=dt.timedelta(minutes=5),
+        description="How often the other steps held by the disruption budget, and those held "
+        "by the open breaker, are re-evaluated if nothing wakes them first: a node leaving the "
+        "budget (or the step before going on) wakes the next in line, a breaker reset and a "
+        "rules reload wake them all.",
     )
 
 
@@ -219,29 +228,48 @@ def budget_limit(config: GuardConfig, gpu_nodes: int | None) -> int:
     return min(config.max_nodes, by_percent)
 
 
+def wait_key(kind: str, pool: str | None) -> str | None:
+    """What a step held for ``kind`` waits for, when something wakes it before its due time:
+    a node leaving the budget it was held by (``budget:<pool>``; ``budget:`` for a budget
+    over the whole fleet) or the breaker's reset (``breaker:``). None: the hold ends at its
+    due time (a change window opening, a cooldown ending, a driver upgrade rechecked)."""
+    if kind == "budget":
+        return f"budget:{pool or ''}"
+    if kind == "breaker":
+        return "breaker:"
+    return None
+
+
+def freed_keys(pool: str | None) -> tuple[str, ...]:
+    """The budgets a node of ``pool`` leaving the disrupted ones frees a unit of (the whole
+    fleet's, and its pool's): the oldest step waiting for each is woken."""
+    return ("budget:", f"budget:{pool}") if pool else ("budget:",)
+
+
 def decide(
     config: GuardConfig, snapshot: Snapshot, *, node: str | None, now: dt.datetime
 ) -> Verdict:
     """May a disruptive step on ``node`` start now?"""
-    later = now + config.recheck
     if config.change_windows and not any(w.contains(now) for w in config.change_windows):
         start = min(w.next_start(now) for w in config.change_windows)
         reason = f"outside change windows; next opens {start.isoformat()}"
         return Verdict(False, reason, start, kind="change_window")
+    woken = now + config.budget_recheck  # (or sooner: ``wait_key``)
     if snapshot.breaker_open:
         reason = "circuit breaker is open; an operator must reset it"
-        return Verdict(False, reason, later, kind="breaker")
+        return Verdict(False, reason, woken, kind="breaker")
     if snapshot.recent_runs > config.max_disruptive_runs:
         return Verdict(
             False,
             f"{snapshot.recent_runs} disruptive runs within {config.breaker_window}; "
             "circuit breaker opened",
-            later,
+            woken,
             trips_breaker=True,
             kind="breaker",
         )
     upgrading = driver_upgrade(snapshot.node_labels or {}) if node is not None else None
     if upgrading is not None:
+        later = now + config.recheck
         return Verdict(False, f"node {node}: {upgrading}", later, kind="driver_upgrade")
     if node is not None and node in snapshot.disrupted_nodes:
         return Verdict(True, "node already disrupted by remediator")
@@ -263,5 +291,5 @@ def within_budget(
     in_use = len(snapshot.disrupted_nodes)
     if in_use + 1 > limit:
         reason = f"disruption budget in use: {in_use} of {limit} nodes"
-        return Verdict(False, reason, now + config.recheck, kind="budget")
+        return Verdict(False, reason, now + config.budget_recheck, kind="budget")
     return Verdict(True, f"within budget: {in_use + 1} of {limit} nodes")

@@ -114,6 +114,9 @@ class Step:
     error: str | None
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
+    # What a step a guard holds waits for (``transitions.hold``): ``budget:<pool>`` and
+    # ``breaker:`` are woken by what frees them; other holds end at their due time.
+    waiting_for: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -102,7 +102,10 @@ def _check(step: records.Step, to: runs.StepStatus) -> None:
 
 
 def _change(step: records.Step, to: runs.StepStatus, **kwargs: Any) -> StepChange:
+    """A checked change; one of a held step that is not a new hold ends its wait."""
     _check(step, to)
+    if step.waiting_for is not None and "waiting_for" not in kwargs["values"]:
+        kwargs["values"] = {**kwargs["values"], "waiting_for": None}
     return StepChange(step=step, to=to, **kwargs)
 
 
@@ -180,14 +183,22 @@ def make_due(step: records.Step, *, now: dt.datetime) -> StepChange:
     return _change(step, runs.StepStatus.PENDING, values={"due_at": now}, reason="", event=None)
 
 
-def hold(step: records.Step, *, until: dt.datetime, reason: str, kind: str = "") -> StepChange:
+def hold(
+    step: records.Step,
+    *,
+    until: dt.datetime,
+    reason: str,
+    kind: str = "",
+    waiting_for: str | None = None,
+) -> StepChange:
     """A guard keeps a due step waiting; the trail notes each new reason, not each recheck.
-    ``kind`` names the guard (``guards.HOLD_KINDS``)."""
+    ``kind`` names the guard (``guards.HOLD_KINDS``); ``waiting_for`` what wakes the step
+    before ``until`` (``guards.wait_key``), if anything does."""
     output = {**step.output, "held": reason, "held_kind": kind, "held_until": until.isoformat()}
     return _change(
         step,
         runs.StepStatus.PENDING,
-        values={"due_at": until, "output": output},
+        values={"due_at": until, "output": output, "waiting_for": waiting_for},
         reason=reason,
         event="step.held" if step.output.get("held") != reason else None,
         data={"until": until.isoformat()},

@@ -93,6 +93,13 @@ class Gate:
             open_breaker(tx, verdict.reason)
             if report is not None:  # announced once the decision is committed
                 report.breaker_opened.append(verdict.reason)
+        if step.output.get("held_kind") == "budget" and verdict.kind != "budget":
+            # Held by the budget until now and no longer: the next step in line for it is
+            # looked at too, for the place this one did not take (held by something else, or
+            # its node counted already) or for more room (the fleet grew, rules changed).
+            tx.wake_steps(guards.wait_key("budget", pool), 1)
+            if report is not None:
+                report.steps_woken += 1
         if not verdict.go:
             lifecycle.hold_step(
                 tx,
@@ -100,6 +107,7 @@ class Gate:
                 until=verdict.until or tx.now + config.recheck,
                 reason=verdict.reason,
                 kind=verdict.kind,
+                waiting_for=guards.wait_key(verdict.kind, pool),
                 report=report,
             )
             return False
@@ -145,6 +153,8 @@ class StoreBudget:
                 node=node, since=tx.now, disruptive_playbooks=(), gpu_nodes=gpu_nodes, pool=pool
             )
             verdict = guards.within_budget(config, snapshot, node=node, now=tx.now)
+            if not verdict.go:  # the rollout's step is retried then (nothing wakes it)
+                verdict = dataclasses.replace(verdict, until=tx.now + config.recheck)
             if verdict.go:
                 tx.record_disruption(run_id=run_id, node=node, pool=pool)
                 tx.add_event(
@@ -191,6 +201,7 @@ def reset_breaker(tx: store.Tx, *, principal: str, comment: str) -> dict[str, ob
         "reset_comment": comment,
     }
     tx.set_guard_state("breaker", new)
+    tx.wake_steps("breaker:")  # the steps it held are looked at again at once
     tx.add_event(
         "breaker.reset",
         actor=principal,

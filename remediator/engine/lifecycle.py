@@ -80,6 +80,7 @@ class Report:
     notices: list[Notice] = dataclasses.field(default_factory=list)
     quarantined: list[str] = dataclasses.field(default_factory=list)  # kinds of units
     breaker_opened: list[str] = dataclasses.field(default_factory=list)  # why, once each
+    steps_woken: int = 0  # held steps made due for another pass (kept on a rewind: harmless)
 
     def mark(self) -> tuple[int, int, int, int]:
         return self.runs_created, len(self.finished), len(self.notices), len(self.breaker_opened)
@@ -646,9 +647,10 @@ def hold_step(
     until: dt.datetime,
     reason: str,
     kind: str = "",
+    waiting_for: str | None = None,
     report: Report | None = None,
 ) -> None:
-    change = transitions.hold(step, until=until, reason=reason, kind=kind)
+    change = transitions.hold(step, until=until, reason=reason, kind=kind, waiting_for=waiting_for)
     tx.apply(change)
     if change.event is not None and report is not None:
         run = tx.get_run(step.run_id)
@@ -660,9 +662,19 @@ def hold_step(
                 run_id=step.run_id,
                 playbook=run.playbook if run else "",
                 node=run.node if run else None,
-                unblock=f"rechecked at {until.isoformat()}",
+                unblock=_unblock(waiting_for, until),
             )
         )
+
+
+def _unblock(waiting_for: str | None, until: dt.datetime) -> str:
+    """When a held step is looked at again."""
+    at = f"rechecked at {until.isoformat()}"
+    if waiting_for is None:
+        return at
+    if waiting_for.startswith("breaker:"):
+        return f"looked at again when the breaker is reset; {at} at the latest"
+    return f"looked at again when a node leaves the budget; {at} at the latest"
 
 
 def finish_step(

@@ -117,6 +117,7 @@ class Engine:
         self._resolver: targeting.NodeResolver | None = None
         self._silence_check = 0.0
         self._hint_sweep_at = float("-inf")  # (monotonic)
+        self._held_recheck_at: dt.datetime | None = None  # (the clock's)
         self._swept_rules: playbooks.PlaybookIndex | None = None  # the rules at the last sweep
         self._woken = False
         self._stopping = False
@@ -166,7 +167,8 @@ class Engine:
         the runs parked behind it, so this finds none, but a replica of an older version
         during a rolling upgrade does neither, and a run left unseen would never converge.
         Also at once after the rules are reloaded: a playbook whose concurrency was raised
-        has runs waiting for slots it now has."""
+        has runs waiting for slots it now has, and one whose budget grew has held steps
+        that may go (every step a guard holds is looked at again)."""
         index = self.rules.index
         reloaded = self._swept_rules is not None and index is not self._swept_rules
         if not self.is_leader() or (time.monotonic() < self._hint_sweep_at and not reloaded):
@@ -181,6 +183,21 @@ class Engine:
             logger.info("%d runs waiting for a slot may start under the reloaded rules", woken)
         elif woken:
             logger.warning("%d runs waited for a lock no one held; woken now", woken)
+        if reloaded:  # a playbook's budget may have grown: its held steps are looked at again
+            await self.services.store.run("wake held steps", lambda tx: tx.wake_steps(None))
+
+    async def _recheck_held(self) -> None:
+        """The leader, every ``guards.recheck``: the first step in line for each disruption
+        budget is looked at again. The others wait to be woken, each by a node leaving the
+        budget or by the step before it going on (``guarding.Gate.admit``), or for their
+        ``guards.budget_recheck``: rechecking every held step every few seconds cost a storm
+        held by its budget a recheck a held step each time. The first one's recheck finds
+        room the fleet's growth made, and trips the breaker once the storm's runs exceed it."""
+        now = self.services.clock()
+        if not self.is_leader() or (self._held_recheck_at and now < self._held_recheck_at):
+            return
+        self._held_recheck_at = now + self.settings.guards.recheck
+        await self.services.store.wake_first_held("budget:")
 
     async def tick(self) -> bool:
         """One pass over the kinds of work that exist. Returns whether anything happened.
@@ -191,7 +208,10 @@ class Engine:
         node list the guards count), and everything else happens in ONE transaction: each
         kind of work feeds the next, so a new episode's run is created, started, given its
         first due step and has it claimed, with the step's context loaded, by one commit.
+        The leader first makes the first held step in line for each budget due when its
+        recheck is (``_recheck_held``).
         """
+        await self._recheck_held()
         work = await self.services.store.probe()
         swept = work.expired and self.is_leader() and await self.sweep()
         busy = bool(swept)
@@ -216,6 +236,7 @@ class Engine:
             done = await self._transaction("pass", one_pass)
             await self._after(done)
             busy |= done.planned or done.started or done.advanced or bool(done.claimed)
+            busy |= bool(done.report.steps_woken)  # (due now: the next pass claims them)
         await self._expire_silences()
         return busy
 

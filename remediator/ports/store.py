@@ -132,7 +132,17 @@ class Tx(Protocol):
     def guard_states(self, prefix: str) -> dict[str, dict[str, Any]]: ...
     def delete_guard_state(self, key: str) -> None: ...
     def record_disruption(self, *, run_id: int, node: str, pool: str | None = None) -> None: ...
-    def release_disruptions(self, *, node: str | None = None, run_id: int | None = None) -> int: ...
+    def release_disruptions(self, *, node: str | None = None, run_id: int | None = None) -> int:
+        """End the active disruptions of ``node`` and/or ``run_id``; for each, the oldest step
+        waiting for each budget it frees (``guards.freed_keys``) is woken when the
+        transaction commits. The number ended."""
+        ...
+
+    def wake_steps(self, key: str | None, count: int | None = None) -> None:
+        """Make the oldest ``count`` (None: all) steps a guard holds waiting for ``key``
+        (None: for anything) due now, when the transaction commits."""
+        ...
+
     def note_guard_nodes(self, nodes: Iterable[str]) -> None:
         """Nodes this transaction is likely to take guard decisions on: ``guard_snapshot``
         reads their disruptions together, at the first of them (after the guards' lock)."""
@@ -207,6 +217,12 @@ class Store(Reads, Protocol):
         """A store that finds the runs to advance through hints of what changed hints every
         such run it has no hint for, and says how many (a safety net the engine's leader runs
         now and then); one that finds them otherwise has nothing to do (0)."""
+        ...
+
+    async def wake_first_held(self, prefix: str) -> int:
+        """Make the oldest step a guard holds waiting for each key starting with ``prefix``
+        due now (the first in line for each budget is looked at again every recheck: the
+        fleet may have grown, the breaker's count of runs may trip it); how many."""
         ...
 
     async def wake_parked_runs(self, slots: Callable[[str], int]) -> int:

@@ -117,3 +117,21 @@ def test_every_setting_is_documented_with_its_environment_variable():
     for name, field in settings.Settings.model_fields.items():
         assert f"| `{name}` | `REMEDIATOR_{name.upper()}` |" in text
         assert field.description, f"setting {name} has no description"
+
+
+def test_every_documented_default_is_a_value_the_setting_takes(monkeypatch):
+    """A default copied from docs/configuration.md into the environment starts the server
+    with that default (durations were shown as ``"0:00:15"``, which a setting refuses)."""
+    import re
+
+    rows = re.findall(
+        r"^\| `\w+` \| `(REMEDIATOR_GUARDS__\w+)` \| (\w+) \| `(.+?)` \|",
+        (DOCS / "configuration.md").read_text(),
+        flags=re.MULTILINE,
+    )
+    durations = [(name, json.loads(default)) for name, kind, default in rows if kind == "duration"]
+    assert ("REMEDIATOR_GUARDS__RECHECK", "15s") in durations
+    defaults = settings.Settings().guards
+    for name, default in durations:
+        monkeypatch.setenv(name, default)
+    assert settings.Settings().guards == defaults

@@ -213,8 +213,9 @@ _HELD_COLUMNS: dict[str, Callable[[Any], Any]] = {
     "error": lambda value: value,
     "effect": runs.Effect,
     "output": dict,
+    "waiting_for": lambda value: value,
 }
-_HELD_BATCH = 128  # rows a statement (SQLite, 11 columns: 1,408 parameters)
+_HELD_BATCH = 128  # rows a statement (SQLite, 12 columns: 1,536 parameters)
 # On SQLite a statement is built and compiled for a few row counts only (one for each count
 # from 1 to 128 was more compiling than running in a storm): the rest of its rows are
 # padding, id 0, which no row has. Postgres takes any number of rows in one statement.
@@ -755,6 +756,30 @@ _WAKE_OLDEST = tuple(
     sa.update(R).where(R.c.id.in_(oldest)).values(waiting_for=None)
     for oldest in (_OLDEST_WAITING, _OLDEST_WAITING.with_for_update(skip_locked=True))
 )
+# Steps a guard holds, woken (due now) by what they wait for (``Tx.wake_steps``), on
+# ``ix_steps_waiting``: the oldest ``w_count`` waiting for ``w_key`` (on Postgres none another
+# transaction holds: a replica claiming or waking it), all waiting for it, or all held.
+_STEPS_WAITING = sa.and_(S.c.status == _PENDING, S.c.waiting_for.is_not(None))
+_OLDEST_HELD = (
+    sa.select(S.c.id)
+    .where(S.c.status == _PENDING, S.c.waiting_for == sa.bindparam("w_key"))
+    .order_by(S.c.id)
+    .limit(sa.bindparam("w_count", type_=sa.Integer()))
+)
+_WAKE_STEPS = {
+    how: sa.update(S).where(where).values(due_at=_NOW, waiting_for=None).returning(S.c.id)
+    for how, where in (
+        ("oldest", S.c.id.in_(_OLDEST_HELD)),
+        ("oldest_unlocked", S.c.id.in_(_OLDEST_HELD.with_for_update(skip_locked=True))),
+        ("all", sa.and_(_STEPS_WAITING, S.c.waiting_for == sa.bindparam("w_key"))),
+        ("any", _STEPS_WAITING),
+    )
+}
+# The next key steps wait for after ``w_after``, in the index's order (a seek a key: a storm's
+# thousands of held steps wait for a handful of keys).
+_NEXT_HELD_KEY = sa.select(sa.func.min(S.c.waiting_for)).where(
+    _STEPS_WAITING, S.c.waiting_for > sa.bindparam("w_after")
+)
 # The leader's safety net (``SqlStore.wake_parked_runs``): what the parked runs wait for.
 _PARKED_FOR = (
     sa.select(R.c.playbook, R.c.waiting_for)
@@ -1035,6 +1060,29 @@ class SqlStore:
 
         return await self.run("hint sweep", hint)
 
+    async def wake_first_held(self, prefix: str) -> int:
+        """Make the oldest step waiting for each key starting with ``prefix`` due now; how
+        many. Read first, and written only if a step waits (the leader asks every recheck)."""
+
+        def keys(conn: sa.Connection) -> list[str]:
+            found, after = [], ""
+            while (key := conn.execute(_NEXT_HELD_KEY, {"w_after": after}).scalar()) is not None:
+                found.append(key)
+                after = key
+            return [key for key in found if key.startswith(prefix)]
+
+        if not await self.db.read_sync("held steps", keys):
+            return 0
+
+        def wake(tx: SqlTx) -> int:
+            oldest = _WAKE_STEPS["oldest_unlocked" if self.db.is_postgres else "oldest"]
+            return sum(
+                len(tx.conn.execute(oldest, {"now": tx.now, "w_key": key, "w_count": 1}).all())
+                for key in keys(tx.conn.conn)
+            )
+
+        return await self.run("recheck held", wake)
+
     async def wake_parked_runs(self, slots: Callable[[str], int]) -> int:
         """Wake every parked run whose key is free; how many. The engine's leader runs it now
         and then (``worker.HINT_SWEEP_INTERVAL``): a run left parked (a replica of an older
@@ -1225,6 +1273,8 @@ class SqlTx:
         # wakes (``_write_wakes``).
         self._parking: dict[int, tuple[str, int | None, str | None]] = {}  # (.., playbook)
         self._waking: set[str] = set()
+        # Steps to wake by what they wait for (None: anything): how many, None for all.
+        self._waking_steps: dict[str | None, int | None] = {}
         self._node_disruptions: dict[str, list[tuple[str | None, dt.datetime | None, int]]] = {}
 
     # -- helpers ---------------------------------------------------------------------------
@@ -1303,6 +1353,7 @@ class SqlTx:
             self._unsealed = unsealed
             self._hints, self._under_way = hints, under_way
             self._parking, self._waking = parking, set()  # (its releases are undone)
+            self._waking_steps = {}
             self._forget()
             raise
         nested.commit()
@@ -1799,7 +1850,12 @@ class SqlTx:
         statement for the runs, one for their steps): ``errors.Conflict`` if one was already
         there."""
         if not (
-            self._holding or self._inserting or self._releasing or self._disrupting or self._waking
+            self._holding
+            or self._inserting
+            or self._releasing
+            or self._disrupting
+            or self._waking
+            or self._waking_steps
         ):
             return
         if self._releasing:
@@ -1825,6 +1881,8 @@ class SqlTx:
         for table, digests in written.items():
             inserted.setdefault(table, {}).update(digests)
         self._seal_written(inserted)
+        if self._waking_steps:  # (after the held changes: a step held again is woken)
+            self._write_step_wakes()
         lost = [
             (table, row_id, held)
             for (table, row_id), held in holding.items()
@@ -2088,8 +2146,33 @@ class SqlTx:
             conditions.append(D.c.node == node)
         if run_id is not None:
             conditions.append(D.c.run_id == run_id)
-        result = self.conn.execute(sa.update(D).where(*conditions).values(released_at=self.now))
-        return int(result.rowcount or 0)
+        released = self.conn.execute(
+            sa.update(D).where(*conditions).values(released_at=self.now).returning(D.c.pool)
+        ).all()
+        for row in released:
+            for key in guards.freed_keys(row.pool):
+                self.wake_steps(key, 1)
+        return len(released)
+
+    def wake_steps(self, key: str | None, count: int | None = None) -> None:
+        if key in self._waking_steps:
+            before = self._waking_steps[key]
+            count = None if before is None or count is None else before + count
+        self._waking_steps[key] = count
+
+    def _write_step_wakes(self) -> None:
+        """Make the steps ``wake_steps`` asked for due now (forgetting what was read of them)."""
+        waking, self._waking_steps = self._waking_steps, {}
+        oldest = "oldest_unlocked" if self.db.is_postgres else "oldest"
+        woken: list[int] = []
+        for key, count in sorted(waking.items(), key=lambda item: item[0] or ""):
+            how = "any" if key is None else "all" if count is None else oldest
+            params = {"now": self.now, "w_key": key, "w_count": count}
+            woken += self.conn.conn.execute(_WAKE_STEPS[how], params).scalars()
+        for step_id in woken:
+            step = self._steps.pop(step_id, None)
+            if step is not None:
+                self._steps_of.pop(step.run_id, None)
 
     def count_node_runs(self, node: str, *, since: dt.datetime) -> int:
         if self._node_runs is not None and self._node_runs[0] == since:

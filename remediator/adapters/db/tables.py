@@ -196,9 +196,19 @@ steps = sa.Table(
     sa.Column("error", sa.Text(), nullable=True),
     sa.Column("started_at", UTCDateTime(), nullable=True),
     sa.Column("finished_at", UTCDateTime(), nullable=True),
+    sa.Column("waiting_for", sa.String(400), nullable=True),
     sa.UniqueConstraint("run_id", "phase", "key", name="uq_steps_intent"),
     _partial_index("ix_steps_due", "due_at", where="status = 'pending' AND due_at IS NOT NULL"),
     _partial_index("ix_steps_leased", "lease_expires_at", where="status = 'running'"),
+    # The steps a guard holds by what they wait for, oldest first: a node leaving the budget
+    # wakes the oldest held for its budget, a breaker reset those held by the breaker
+    # (migration 0012).
+    _partial_index(
+        "ix_steps_waiting",
+        "waiting_for",
+        "id",
+        where="status = 'pending' AND waiting_for IS NOT NULL",
+    ),
 )
 
 locks = sa.Table(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -108,7 +109,23 @@ class FleetTx(transaction.Transaction):
             rows = self._own("disruptions", self.tables.disruptions)
             for row in released:
                 rows[row.id] = dataclasses.replace(row, released_at=self.now)
+                for key in guards.freed_keys(row.pool):
+                    self.wake_steps(key, 1)
         return len(released)
+
+    def wake_steps(self, key: str | None, count: int | None = None) -> None:
+        """At once (the SQL store with the transaction's held changes, after them)."""
+        waiting = (
+            step
+            for step in sorted(self.tables.steps.values(), key=lambda step: step.id)
+            if step.status is runs.StepStatus.PENDING
+            and step.waiting_for is not None
+            and (key is None or step.waiting_for == key)
+        )
+        steps = None
+        for step in itertools.islice(waiting, count):
+            steps = steps if steps is not None else self._own("steps", self.tables.steps)
+            steps[step.id] = tables.updated_step(step, {"due_at": self.now, "waiting_for": None})
 
     def count_node_runs(self, node: str, *, since: dt.datetime) -> int:
         start = tables.utc_now(since)

@@ -69,6 +69,24 @@ class MemoryStore:
         await asyncio.sleep(0)
         return 0
 
+    async def wake_first_held(self, prefix: str) -> int:
+        def keys() -> set[str]:
+            return {
+                step.waiting_for
+                for step in self.tables.steps.values()
+                if step.status is runs.StepStatus.PENDING
+                and step.waiting_for is not None
+                and step.waiting_for.startswith(prefix)
+            }
+
+        def wake(tx: MemoryTx) -> int:
+            waiting = keys()
+            for key in waiting:
+                tx.wake_steps(key, 1)
+            return len(waiting)
+
+        return await self.run("recheck held", wake) if keys() else 0
+
     async def wake_parked_runs(self, slots: Callable[[str], int]) -> int:
         """Nothing to do: no run is parked (``MemoryTx.park_run``)."""
         await asyncio.sleep(0)

@@ -140,6 +140,7 @@ _STEP_COLUMNS: Mapping[str, Callable[[Any], Any]] = {
     "output": as_json,
     "error": lambda value: None if value is None else str(value),
     "params": as_json,
+    "waiting_for": lambda value: None if value is None else str(value),
 }
 
 

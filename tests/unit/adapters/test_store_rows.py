@@ -77,6 +77,7 @@ ROWS: dict[str, dict[str, Any]] = {
         "error": "once refused",
         "started_at": AT + dt.timedelta(seconds=6),
         "finished_at": AT + dt.timedelta(seconds=7),
+        "waiting_for": "budget:rack-7",
     },
 }
 CONVERT = {

@@ -31,7 +31,8 @@ def test_a_full_budget_holds_the_step_visibly():
     verdict = guards.decide(config, snap(disrupted_nodes=frozenset({"a", "b"})), node="c", now=NOW)
     assert not verdict.go
     assert verdict.reason == "disruption budget in use: 2 of 2 nodes"
-    assert verdict.until == NOW + config.recheck
+    assert verdict.until == NOW + config.budget_recheck  # or sooner, when woken
+    assert guards.wait_key(verdict.kind, None) == "budget:"
 
 
 def test_a_node_already_disrupted_costs_no_more_budget():

@@ -26,6 +26,8 @@ class FlakyStore:
         self.failures = list(failures)
         self.hint_sweeps = 0
         self.wake_sweeps: list[int] = []
+        self.held_rechecks: list[str] = []
+        self.transactions: list[str] = []
 
     async def probe(self) -> records.Probe:
         if self.failures:
@@ -39,6 +41,13 @@ class FlakyStore:
     async def wake_parked_runs(self, slots: Any) -> int:
         self.wake_sweeps.append(slots("gone"))  # a playbook no longer loaded: one at a time
         return 0
+
+    async def wake_first_held(self, prefix: str) -> int:
+        self.held_rechecks.append(prefix)
+        return 0
+
+    async def run(self, name: str, work: Any) -> Any:
+        self.transactions.append(name)
 
 
 class Passes(observe.NullObserver):
@@ -93,7 +102,8 @@ async def test_the_leader_looks_for_unhinted_and_parked_runs_at_the_first_pass_t
 
 async def test_the_leader_looks_for_parked_runs_again_once_the_rules_are_reloaded():
     """A reload may raise a playbook's concurrency: the runs waiting for its slots are
-    looked at then, not up to a minute later."""
+    looked at then, not up to a minute later; and its budget: every held step is looked at
+    again (once)."""
     store, observer = FlakyStore(), Passes()
     engine = _engine(store, observer)
     swept_before: list[int] = []
@@ -107,6 +117,24 @@ async def test_the_leader_looks_for_parked_runs_again_once_the_rules_are_reloade
     await _run_until(engine, reload_after_three_passes)
     assert swept_before == [1]
     assert store.wake_sweeps == [1, 1]
+    assert store.transactions == ["wake held steps"]
+    assert store.held_rechecks == ["budget:"]  # the first in line, at the first pass
+
+
+async def test_the_leader_looks_at_the_first_held_step_in_line_every_recheck(clock):
+    store, observer = FlakyStore(), Passes()
+    engine = _engine(store, observer)
+    engine.services.clock = clock  # type: ignore[misc]
+    for _ in range(3):
+        await engine.tick()
+    assert store.held_rechecks == ["budget:"]
+    clock.advance(engine.settings.guards.recheck.total_seconds())
+    await engine.tick()
+    assert store.held_rechecks == ["budget:"] * 2
+    engine.is_leader = lambda: False
+    clock.advance(engine.settings.guards.recheck.total_seconds())
+    await engine.tick()
+    assert store.held_rechecks == ["budget:"] * 2
 
 
 async def test_a_replica_that_does_not_lead_never_looks_for_unhinted_runs():
