@@ -223,7 +223,7 @@ def _held(status: fleet.FleetStatus) -> str:
     )
     return (
         '<table id="held"><tr><th>run</th><th>step</th><th>action</th><th>node</th>'
-        f"<th>reason</th><th>rechecked</th></tr>{rows}</table>"
+        f"<th>reason</th><th>rechecked by</th></tr>{rows}</table>"
     )
 
 

@@ -153,6 +153,13 @@ def progress(output: dict[str, Any]) -> str:
     )
 
 
+# Holds that end when something happens (``guards.wait_key``), and what it is.
+_WOKEN_BY = {
+    "budget": "goes when a node leaves the budget, oldest first",
+    "breaker": "looked at again when the breaker is reset",
+}
+
+
 def output(step: dict[str, Any]) -> str:
     """A step's output and error, rendered by what it holds."""
     data = step.get("output") or {}
@@ -160,9 +167,11 @@ def output(step: dict[str, Any]) -> str:
     if step.get("error"):
         parts.append(f'<p class="error">{esc(step["error"])}</p>')
     if data.get("held"):
+        woken = _WOKEN_BY.get(str(data.get("held_kind")))
+        when = console.when(data.get("held_until"))
+        again = f"{woken}, rechecked {when} at the latest" if woken else f"rechecked {when}"
         parts.append(
-            f'<p><span class="badge held">held</span> {esc(str(data["held"]))} '
-            f"(rechecked {console.when(data.get('held_until'))})</p>"
+            f'<p><span class="badge held">held</span> {esc(str(data["held"]))} ({again})</p>'
         )
     bar = progress(data)
     if bar:

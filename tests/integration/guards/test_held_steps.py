@@ -99,6 +99,9 @@ async def test_a_node_leaving_the_budget_starts_the_first_in_line_at_once(make_h
     first = await held(h)
     assert list(first) == NODES[2:]
     assert {wait for wait, _ in first.values()} == {"budget:"}
+    run = next(r for r in await h.runs() if r["node"] == NODES[2])
+    page = await (await h.client.get(f"/runbooks/runs/{run['id']}")).text()
+    assert "goes when a node leaves the budget, oldest first, rechecked" in page
 
     clock.advance(11)  # a recheck: the first in line is looked at again, and held again
     await h.settle()
