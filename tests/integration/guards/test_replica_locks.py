@@ -472,3 +472,84 @@ def test_a_run_is_not_parked_behind_a_lock_another_replica_is_releasing(pg_url, 
     assert offered == []  # (its node looked held)
     assert side_by_side, "replica B's park waited for replica A's release"
     assert asyncio.run(_waiting_for(pg_url, behind)) is None
+
+
+def _held_behind_two_disruptions(url: str, clock: FakeClock) -> list[int]:
+    """Runs on gpu-d1 and gpu-d2 that disrupted their nodes, and two steps (on gpu-w1 and
+    gpu-w2) the budget holds, waiting in line for it: their ids."""
+    asyncio.run(prepare(url, clock, due=["gpu-w1", "gpu-w2"], pending=[], action="cordon"))
+
+    def disrupt_and_hold(tx: sql_store.SqlTx) -> list[int]:
+        for node in ("gpu-d1", "gpu-d2"):
+            run_id = tx.insert_run(new_run(node, "cordon"), actor="oncall")
+            assert run_id is not None
+            tx.record_disruption(run_id=run_id, node=node)
+        held = list(tx.lock_due_steps(10))
+        for step in held:
+            until = tx.now + guards.GuardConfig().budget_recheck
+            change = transitions.hold(
+                step, until=until, reason="budget in use", kind="budget", waiting_for="budget:"
+            )
+            tx.apply(change)
+        return [step.id for step in held]
+
+    return list(asyncio.run(_in_one_transaction(url, clock, disrupt_and_hold)))
+
+
+async def _steps_waiting(url: str) -> dict[int, str | None]:
+    db = database.Database(url)
+    try:
+        async with db.read() as conn:
+            S = tables.steps
+            found = await conn.execute(sa.select(S.c.id, S.c.waiting_for).order_by(S.c.id))
+            return {row.id: row.waiting_for for row in found}
+    finally:
+        await db.dispose()
+
+
+def test_two_replicas_freeing_the_budget_at_once_wake_two_held_steps(pg_url, clock):
+    """Replica A ends one node's disruption and stays open, the oldest held step woken; replica
+    B meanwhile ends the other's. B wakes the next in line, without waiting for A: the oldest
+    is locked by A, and skipped. (Waiting, B would find the oldest already woken when A
+    commits, and wake none: a place free and a step left waiting for it.)"""
+    held = _held_behind_two_disruptions(pg_url, clock)
+
+    def release(node: str) -> Callable[[sql_store.SqlTx], None]:
+        def work(tx: sql_store.SqlTx) -> None:
+            assert tx.release_disruptions(node=node) == 1
+            tx.write_pending()  # (as its commit would)
+
+        return work
+
+    _, _, side_by_side = while_a_is_open(pg_url, clock, release("gpu-d1"), release("gpu-d2"))
+    assert side_by_side, "replica B's wake waited for replica A's"
+    waiting = asyncio.run(_steps_waiting(pg_url))
+    assert [waiting[step_id] for step_id in held] == [None, None]
+
+
+def test_two_replicas_releasing_slots_at_once_wake_two_waiting_runs(pg_url, clock):
+    """The same for a playbook's slots: two runs of concurrency 2 end in two replicas at once,
+    each waking one of the two runs waiting for a slot (the oldest, then the next)."""
+    asyncio.run(
+        prepare(pg_url, clock, due=[], pending=[f"gpu-s{i}" for i in range(4)], action="log")
+    )
+
+    def start(tx: sql_store.SqlTx) -> list[int]:
+        offered = tx.lock_pending_runs(10)
+        return [run.id for run in offered if lifecycle.start_run(tx, run, concurrency=2)]
+
+    running = asyncio.run(_in_one_transaction(pg_url, clock, start))
+    assert len(running) == 2
+    waiting = [running[-1] + 1, running[-1] + 2]
+    assert [asyncio.run(_waiting_for(pg_url, r)) for r in waiting] == ["slot:replica-test:"] * 2
+
+    def end(run_id: int) -> Callable[[sql_store.SqlTx], None]:
+        def work(tx: sql_store.SqlTx) -> None:
+            _finish(tx, run_id)
+            tx.write_pending()
+
+        return work
+
+    _, _, side_by_side = while_a_is_open(pg_url, clock, end(running[0]), end(running[1]))
+    assert side_by_side, "replica B's wake waited for replica A's"
+    assert [asyncio.run(_waiting_for(pg_url, r)) for r in waiting] == [None, None]
