@@ -43,6 +43,11 @@ def disruptive_playbooks(
     ]
 
 
+# Holds that keep every disruptive step waiting, not one: a step woken by the budget and held
+# by one of these hands nothing on (the next would be held by it too).
+_EVERYONE_WAITS = frozenset({"budget", "breaker", "change_window"})
+
+
 @dataclasses.dataclass
 class Gate:
     base: guards.GuardConfig
@@ -93,10 +98,12 @@ class Gate:
             open_breaker(tx, verdict.reason)
             if report is not None:  # announced once the decision is committed
                 report.breaker_opened.append(verdict.reason)
-        if step.output.get("held_kind") == "budget" and verdict.kind != "budget":
+        if step.output.get("held_kind") == "budget" and verdict.kind not in _EVERYONE_WAITS:
             # Held by the budget until now and no longer: the next step in line for it is
             # looked at too, for the place this one did not take (held by something else, or
             # its node counted already) or for more room (the fleet grew, rules changed).
+            # Not when the breaker or a change window holds it, which hold them all: the line
+            # stays as it is (the first in line is looked at every recheck).
             tx.wake_steps(guards.wait_key("budget", pool), 1)
             if report is not None:
                 report.steps_woken += 1

@@ -198,3 +198,36 @@ async def test_the_recheck_and_a_wake_do_not_walk_the_held_steps(tmp_path: Any) 
 @pytest.mark.postgres
 async def test_postgres_reads_one_held_step_to_find_the_first_in_line(pg_url: str) -> None:
     assert await postgres_rows_read(pg_url, _seed_held_steps, _RECHECK_READS, "steps") == [1, 1]
+
+
+async def test_the_breaker_holds_the_first_in_line_and_the_line_stays_as_it_is(
+    make_harness, sim, clock
+):
+    """The breaker opens while steps wait for the budget. A node leaving the budget wakes the
+    first in line, which the breaker holds: it hands nothing on (the next would be held too;
+    a storm's whole line would be looked at, a step a pass). The reset lets it go."""
+    h = await make_harness(
+        CORDON,
+        kubernetes={"mode": "url", "url": sim.url, "token": sim.token},
+        guards={"max_nodes": 2, "max_percent": 100, "max_disruptive_runs": 5},
+    )
+    for node in NODES[:4]:
+        assert (await h.post(xid_alert(node))).status == 200
+    await h.settle()
+    for node in NODES[4:]:  # six runs within the breaker's window: it opens
+        assert (await h.post(xid_alert(node))).status == 200
+    await h.settle()
+    assert cordoned(sim) == NODES[:2]
+    assert [wait for wait, _ in (await held(h)).values()] == ["budget:"] * 2 + ["breaker:"] * 2
+
+    assert (await h.post(resolved_alert(NODES[0]))).status == 200
+    await h.settle()
+    waits = {node: wait for node, (wait, _) in (await held(h)).items()}
+    assert waits == {NODES[2]: "breaker:", NODES[3]: "budget:"} | dict.fromkeys(
+        NODES[4:], "breaker:"
+    )
+
+    reset = await h.client.post("/api/v1/breaker/reset", json={"comment": "seen"})
+    assert reset.status == 200
+    await h.settle()
+    assert cordoned(sim) == [NODES[1], NODES[2]]
