@@ -6,6 +6,8 @@ import pytest
 
 from remediator.sim import fleet as fleet_mod
 from remediator.sim import testing
+from tests.integration.guards.test_held_steps import held as waiting
+from tests.integration.guards.test_held_steps import resolved_alert
 from tests.integration.guards.test_storm import xid_alert
 
 NODES = {f"gpu-{rack}-{i}": rack for rack in ("a", "b") for i in range(3)}
@@ -13,8 +15,9 @@ NODES = {f"gpu-{rack}-{i}": rack for rack in ("a", "b") for i in range(3)}
 CORDON = """
 name: cordon-on-xid
 match: {alertname: GPUXidError79}
+on_resolve: undo
 steps:
-  - {id: cordon, action: node.cordon}
+  - {id: cordon, action: node.cordon, undo: true}
 """
 
 
@@ -59,3 +62,17 @@ async def test_each_pool_gets_its_own_budget(make_harness, sim):
         if step["status"] == "pending":
             held.append(step["output"]["held"])
     assert held == ["disruption budget in use: 1 of 1 nodes"] * 4
+    # Each pool's held steps wait in its own line: a node of rack a leaving the budget lets
+    # rack a's first in line go at once, and rack b's line is not looked at.
+    lines = await waiting(h)
+    assert {node: wait for node, (wait, _) in lines.items()} == {
+        n: f"budget:{rack}" for n, rack in NODES.items() if n not in cordoned
+    }
+    (first_a,) = (n for n in cordoned if NODES[n] == "a")
+    assert (await h.post(resolved_alert(first_a))).status == 200
+    await h.settle()
+    now = [n for n in NODES if sim.node(n)["spec"].get("unschedulable")]
+    next_a = next(n for n in lines if NODES[n] == "a")
+    assert sorted(now) == sorted({*cordoned, next_a} - {first_a})
+    after = await waiting(h)
+    assert all(after[n] == lines[n] for n in lines if NODES[n] == "b")
