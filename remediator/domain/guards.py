@@ -155,7 +155,14 @@ class GuardOverride(pydantic.BaseModel):
     pool_label: str | None = None
 
     def apply(self, base: GuardConfig) -> GuardConfig:
-        return base.model_copy(update=self.model_dump(exclude_none=True))
+        # The values as they are: dumped first, a playbook's change windows became plain
+        # dicts in the config, and every decision on its steps failed on them.
+        update = {
+            name: value
+            for name in type(self).model_fields
+            if (value := getattr(self, name)) is not None
+        }
+        return base.model_copy(update=update)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -134,3 +134,14 @@ def test_a_node_whose_driver_is_being_upgraded_holds_disruptive_steps(labels, ho
 def test_a_node_not_being_upgraded_is_not_held_for_it(labels):
     verdict = guards.decide(guards.GuardConfig(), snap(node_labels=labels), node="n1", now=NOW)
     assert verdict.go
+
+
+def test_a_playbook_s_change_windows_hold_its_disruptive_steps_outside_them():
+    override = guards.GuardOverride.model_validate(
+        {"change_windows": [{"days": ["tue"], "start": "02:00", "end": "04:00"}]}
+    )
+    config = override.apply(guards.GuardConfig())
+    verdict = guards.decide(config, snap(), node="a", now=NOW)
+    assert (verdict.go, verdict.kind) == (False, "change_window")
+    tuesday = dt.datetime(2026, 12, 1, 3, 0, tzinfo=dt.UTC)
+    assert guards.decide(config, snap(), node="a", now=tuesday).go
