@@ -117,3 +117,36 @@ async def test_a_rejected_or_expired_run_counts_as_finished(make_harness, clock)
     assert (await harness.run_detail(second))["status"] == "rejected"
     samples = await _scrape(harness)
     assert samples["remediator_runs_total{playbook=needs-approval,state=rejected}"] == 2
+
+
+DISRUPTIVE = """
+name: disrupt
+match: {alertname: GPUXidError79}
+steps:
+  - {id: cordon, action: test.disrupt, params: {label: "{{ target.node }}"}}
+"""
+
+
+async def test_held_steps_are_counted_by_what_holds_them(make_harness, clock):
+    """Two steps wait in line for a budget of one node, counted on the index of what they wait
+    for; a change window holds a step of a playbook that has one, read from its output."""
+    from tests.integration.engine.test_engine import alert_body
+
+    window = {"days": ["tue"], "start": "02:00", "end": "04:00", "timezone": "UTC"}
+    harness = await make_harness(
+        DISRUPTIVE,
+        DISRUPTIVE.replace("name: disrupt", "name: in-window").replace(
+            "GPUXidError79", "GPUECCUncorrectableError"
+        )
+        + f"guards: {{change_windows: [{json.dumps(window)}]}}\n",
+        guards={"max_nodes": 1, "max_disruptive_runs": 100},
+    )
+    for node in ("gpu-node-01", "gpu-node-02", "gpu-node-03"):
+        assert (await harness.post(alert_body(node=node))).status == 200
+    body = alert_body(node="gpu-node-04", alertname="GPUECCUncorrectableError")
+    assert (await harness.post(body)).status == 200
+    await harness.settle()
+    samples = await _scrape(harness)
+    assert samples["remediator_steps_held{reason=budget}"] == 2
+    assert samples["remediator_steps_held{reason=change_window}"] == 1
+    assert samples["remediator_steps_held{reason=breaker}"] == 0
