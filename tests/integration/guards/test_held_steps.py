@@ -8,6 +8,7 @@ alerts: 5 % of a core on SQLite). The real client and the simulated cluster."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -35,18 +36,26 @@ steps:
 """
 
 
-@pytest.fixture
-async def sim():
-    fleet = fleet_mod.Fleet.model_validate(
+def small_fleet(nodes: Mapping[str, Mapping[str, str]]) -> fleet_mod.Fleet:
+    """GPU nodes of one GPU each, with their labels, at a hundredth of real time."""
+    return fleet_mod.Fleet.model_validate(
         {
             "settings": {"time_scale": 0.01},
             "nodes": [
-                {"name": name, "labels": {"nvidia.com/gpu.present": "true"}, "gpus": {"count": 1}}
-                for name in NODES
+                {
+                    "name": name,
+                    "labels": {"nvidia.com/gpu.present": "true", **labels},
+                    "gpus": {"count": 1},
+                }
+                for name, labels in nodes.items()
             ],
         }
     )
-    async with testing.running_sim(fleet) as running:
+
+
+@pytest.fixture
+async def sim():
+    async with testing.running_sim(small_fleet(dict.fromkeys(NODES, {}))) as running:
         yield running
 
 

@@ -4,38 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from remediator.sim import fleet as fleet_mod
 from remediator.sim import testing
+from tests.integration.guards.test_held_steps import CORDON, resolved_alert, small_fleet
 from tests.integration.guards.test_held_steps import held as waiting
-from tests.integration.guards.test_held_steps import resolved_alert
 from tests.integration.guards.test_storm import xid_alert
 
 NODES = {f"gpu-{rack}-{i}": rack for rack in ("a", "b") for i in range(3)}
 
-CORDON = """
-name: cordon-on-xid
-match: {alertname: GPUXidError79}
-on_resolve: undo
-steps:
-  - {id: cordon, action: node.cordon, undo: true}
-"""
+RACK = "topology.example.com/rack"
 
 
 @pytest.fixture
 async def sim():
-    fleet = fleet_mod.Fleet.model_validate(
-        {
-            "settings": {"time_scale": 0.01},
-            "nodes": [
-                {
-                    "name": name,
-                    "labels": {"nvidia.com/gpu.present": "true", "topology.example.com/rack": rack},
-                    "gpus": {"count": 1},
-                }
-                for name, rack in NODES.items()
-            ],
-        }
-    )
+    fleet = small_fleet({name: {RACK: rack} for name, rack in NODES.items()})
     async with testing.running_sim(fleet) as running:
         yield running
 
@@ -47,7 +28,7 @@ async def test_each_pool_gets_its_own_budget(make_harness, sim):
         guards={
             "max_nodes": 10,
             "max_percent": 33,
-            "pool_label": "topology.example.com/rack",
+            "pool_label": RACK,
             "max_disruptive_runs": 100,
         },
     )
