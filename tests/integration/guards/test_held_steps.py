@@ -55,7 +55,7 @@ def small_fleet(nodes: Mapping[str, Mapping[str, str]]) -> fleet_mod.Fleet:
 
 @pytest.fixture
 async def sim():
-    async with testing.running_sim(small_fleet(dict.fromkeys(NODES, {}))) as running:
+    async with testing.running_sim(small_fleet({node: {} for node in NODES})) as running:
         yield running
 
 
