@@ -4,7 +4,8 @@
 
 Stages (each starts its own processes on loopback and stops them, whatever happens):
 intake, reaction (latency and burst, SQLite and Postgres, two replicas on Postgres), drain,
-memory, growth, fleet (the simulator carrying a large fleet, and the fleet-health sweep);
+memory, growth, fleet (the simulator carrying a large fleet, and the fleet-health sweep),
+held (a storm the disruption budget holds: the CPU it costs while it waits);
 ``soak`` (RSS under a light alert load for ``--soak`` seconds, an hour) only when named in
 ``--only``. A stage that cannot run (no wrk, no kubectl, no Postgres) leaves a row saying
 why. Not a test: nothing is asserted; the numbers are what this machine did in this run.
@@ -33,6 +34,7 @@ STAGES: dict[str, Callable[[stages.Plan], list[table.Row]]] = {
     "memory": stages.memory,
     "growth": stages.growth,
     "fleet": stages.fleet,
+    "held": stages.held,
     "soak": stages.soak_stage,
 }
 

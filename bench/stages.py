@@ -11,6 +11,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 
+from bench import held as held_mod
 from bench import instructions, procs, runbooks, seed, soak, table, world
 from bench import intake as intake_mod
 from bench import reaction as reaction_mod
@@ -35,6 +36,7 @@ class Plan:
     max_episodes: int | None = None
     sweep_concurrency: int | None = None
     soak_seconds: float = 3600.0
+    held_alerts: int = 3000
 
     @classmethod
     def full_run(cls, workdir: pathlib.Path) -> Plan:
@@ -63,6 +65,7 @@ class Plan:
             episode_counts=(10**3, 10**4),
             fleet_nodes=1000,
             soak_seconds=60.0,
+            held_alerts=300,
         )
 
     def dir(self, name: str) -> pathlib.Path:
@@ -431,6 +434,37 @@ def memory(plan: Plan) -> list[Row]:
             "episodes seeded in bulk (firing, handled); 50-node simulator as the cluster",
         ),
     ]
+
+
+def held(plan: Plan) -> list[Row]:
+    """A storm the budget holds, measured while it waits (``bench/held.py``)."""
+    rows = []
+    settle = 5.0 if plan.quick else 20.0
+    for backend in plan.backends():
+        got = held_mod.measure(
+            plan.dir(f"held-{backend}"),
+            backend,
+            plan.postgres or POSTGRES,
+            alerts=plan.held_alerts,
+            settle=settle,
+            window=plan.duration,
+        )
+        cpu = f"serve {got.serve_percent:.1f} % of a core"
+        if got.postgres_percent is not None:
+            cpu += f", Postgres {got.postgres_percent:.1f} %"
+        held_at = "never" if got.ready_seconds is None else f"{got.ready_seconds:.1f} s"
+        rows.append(
+            Row(
+                f"CPU while a {got.alerts:,}-alert storm waits for the budget",
+                backend,
+                cpu,
+                "its idle polling",
+                f"max_nodes {held_mod.MAX_NODES}: {got.cordons} cordoned, {got.held} steps "
+                f"held ({held_at} after the last delivery); {plan.duration:.0f} s measured "
+                f"from {settle:.0f} s after it",
+            )
+        )
+    return rows + _skipped_postgres(plan, "CPU while a storm waits for the budget")
 
 
 def soak_stage(plan: Plan) -> list[Row]:
