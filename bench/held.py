@@ -9,6 +9,10 @@ asking the server or the database anything meanwhile: what a held storm costs wh
 can change. Each held step was looked at again every ``guards.recheck`` (15 s) before held
 steps waited in line for what holds them: 4.4-4.8 % of a core for ``serve`` on SQLite with
 3,000 alerts, 0.8-0.9 % after (its idle polling).
+
+Then one cordoned node is returned to service (the ``bench-return`` runbook uncordons it,
+which frees its place in the budget), and the time until the next node is seen cordoned is
+taken: the first step in line went only at its recheck before, up to 15 s later.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import urllib.request
 
 import aiohttp
 
-from bench import procs, reaction, watch, world
+from bench import procs, reaction, runbooks, watch, world
 from remediator.sim import fleet as sim_fleet
 
 MAX_NODES = 10
@@ -38,6 +42,7 @@ class Held:
     serve_percent: float  # of a core, over the window
     postgres_percent: float | None  # every Postgres process's, on Postgres
     ready_seconds: float | None  # after the last delivery; None: never (measured anyway)
+    next_seconds: float | None  # a node returned to service → the next node cordoned
 
 
 def budget_held(server_url: str) -> int:
@@ -80,6 +85,19 @@ async def _storm(
         return len(seen.cordoned), ready
 
 
+async def _next_in_line(sim: world.Sim, server: world.Server, timeout: float = 30) -> float | None:
+    """Return a cordoned node to service (``bench-return`` uncordons it, which frees its place
+    in the budget): seconds from the trigger until another node is seen cordoned."""
+    async with watch.nodes(sim) as seen:
+        before = dict(seen.cordoned)
+        started = time.monotonic()
+        body = {"params": {"node": min(before)}}
+        await asyncio.to_thread(runbooks.trigger, server.url, "bench-return", body)
+        await seen.wait_for_one_more(before.keys(), timeout)
+        new = [at for node, at in seen.cordoned.items() if node not in before]
+        return min(new) - started if new else None
+
+
 def measure(
     workdir: pathlib.Path,
     backend: str,
@@ -104,6 +122,7 @@ def measure(
         serve = server.proc.cpu_seconds() - serve
         pg = procs.named_cpu_seconds("postgres") - pg
         held = budget_held(server.url)
+        following = asyncio.run(_next_in_line(sim, server))
     return Held(
         alerts=alerts,
         cordons=cordons,
@@ -111,4 +130,5 @@ def measure(
         serve_percent=100 * serve / seconds,
         postgres_percent=100 * pg / seconds if backend == "postgres" else None,
         ready_seconds=ready,
+        next_seconds=following,
     )

@@ -28,12 +28,18 @@ def _call(method: str, url: str, body: dict[str, Any] | None = None) -> Any:
         return json.loads(answer.read())
 
 
+def trigger(server: str, name: str, body: dict[str, Any]) -> int:
+    """Start runbook ``name``; the run's id."""
+    run_id: int = _call("POST", f"{server}/api/v1/runbooks/{name}/runs", body)["runId"]
+    return run_id
+
+
 def run_runbook(
     server: str, name: str, body: dict[str, Any], *, timeout: float
 ) -> tuple[float, dict[str, Any]]:
     """Seconds from the trigger to the run's end, and the run."""
     started = time.monotonic()
-    run_id = _call("POST", f"{server}/api/v1/runbooks/{name}/runs", body)["runId"]
+    run_id = trigger(server, name, body)
     deadline = started + timeout
     while time.monotonic() < deadline:
         run: dict[str, Any] = _call("GET", f"{server}/api/v1/runs/{run_id}")

@@ -453,6 +453,9 @@ def held(plan: Plan) -> list[Row]:
         if got.postgres_percent is not None:
             cpu += f", Postgres {got.postgres_percent:.1f} %"
         held_at = "never" if got.ready_seconds is None else f"{got.ready_seconds:.1f} s"
+        following = (
+            "none in 30 s" if got.next_seconds is None else f"{table.ms(got.next_seconds)} ms"
+        )
         rows.append(
             Row(
                 f"CPU while a {got.alerts:,}-alert storm waits for the budget",
@@ -461,7 +464,8 @@ def held(plan: Plan) -> list[Row]:
                 "its idle polling",
                 f"max_nodes {held_mod.MAX_NODES}: {got.cordons} cordoned, {got.held} steps "
                 f"held ({held_at} after the last delivery); {plan.duration:.0f} s measured "
-                f"from {settle:.0f} s after it",
+                f"from {settle:.0f} s after it; then a node returned to service: the next "
+                f"cordoned {following} after",
             )
         )
     return rows + _skipped_postgres(plan, "CPU while a storm waits for the budget")

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import aiohttp
 
@@ -32,8 +32,16 @@ class NodeWatch:
 
     async def wait_for(self, nodes: set[str], timeout: float) -> None:
         """Until every node of ``nodes`` was seen cordoned, or ``timeout`` seconds."""
+        await self._until(lambda: nodes <= self.cordoned.keys(), timeout)
+
+    async def wait_for_one_more(self, known: Iterable[str], timeout: float) -> None:
+        """Until a node not in ``known`` was seen cordoned, or ``timeout`` seconds."""
+        known = set(known)
+        await self._until(lambda: not self.cordoned.keys() <= known, timeout)
+
+    async def _until(self, done: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while not nodes <= self.cordoned.keys():
+        while not done():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
