@@ -297,7 +297,7 @@ def _held(held: list[Mapping[str, Any]]) -> str:
     if not held:
         return "held steps: none"
     return "held steps:\n" + table(
-        ["RUN", "STEP", "ACTION", "NODE", "UNTIL (UTC)", "REASON"],
+        ["RUN", "STEP", "ACTION", "NODE", "RECHECKED BY (UTC)", "REASON"],
         (
             [
                 field(h, "run"),

@@ -180,6 +180,7 @@ async def test_status_prints_the_fleet_as_a_table(aiohttp_server, capsys):
     assert node.endswith("cordoned by run 7")
     assert "gpu-status" not in out  # labels are for --output json/yaml
     assert "breaker: OPEN — 5 disruptive runs in 10m0s" in out
+    assert "RECHECKED BY (UTC)" in out  # at the latest: a step held by the budget goes sooner
     held = next(line for line in out.splitlines() if line.startswith("9 "))
     assert held.split()[:6] == ["9", "drain", "node.drain", "gpu-node-04", "2026-12-03", "08:10:00"]
     assert held.endswith("pool h100: 1 of 1 nodes disrupted")
