@@ -241,7 +241,7 @@ def wait_key(kind: str, pool: str | None) -> str | None:
     over the whole fleet) or the breaker's reset (``breaker:``). None: the hold ends at its
     due time (a change window opening, a cooldown ending, a driver upgrade rechecked)."""
     if kind == "budget":
-        return f"budget:{pool or ''}"
+        return _budget_key(pool)
     if kind == "breaker":
         return "breaker:"
     return None
@@ -250,7 +250,11 @@ def wait_key(kind: str, pool: str | None) -> str | None:
 def freed_keys(pool: str | None) -> tuple[str, ...]:
     """The budgets a node of ``pool`` leaving the disrupted ones frees a unit of (the whole
     fleet's, and its pool's): the oldest step waiting for each is woken."""
-    return ("budget:", f"budget:{pool}") if pool else ("budget:",)
+    return (_budget_key(None), _budget_key(pool)) if pool else (_budget_key(None),)
+
+
+def _budget_key(pool: str | None) -> str:
+    return f"budget:{pool or ''}"
 
 
 def decide(

@@ -743,38 +743,43 @@ _WAKE = (
     )
     .values(waiting_for=None)
 )
-# The oldest ``w_count`` runs waiting for ``w_key`` (in id order on ``ix_runs_waiting``); on
-# Postgres none another transaction holds (an operator cancelling it, another replica waking
-# it): one that then left the pending runs would take the wake with it.
-_OLDEST_WAITING = (
-    sa.select(R.c.id)
-    .where(R.c.status == _PENDING, R.c.waiting_for == sa.bindparam("w_key"))
-    .order_by(R.c.id)
-    .limit(sa.bindparam("w_count"))
-)
+
+
+def _oldest_waiting(table: sa.Table) -> Any:
+    """The oldest ``w_count`` rows of ``table`` (runs, steps) pending and waiting for ``w_key``,
+    in id order on the table's waiting index."""
+    return (
+        sa.select(table.c.id)
+        .where(table.c.status == _PENDING, table.c.waiting_for == sa.bindparam("w_key"))
+        .order_by(table.c.id)
+        .limit(sa.bindparam("w_count", type_=sa.Integer()))
+    )
+
+
+# Each ``[is_postgres]``: on Postgres none another transaction holds is taken (an operator
+# cancelling a run, another replica waking or claiming it): one that then left the pending
+# rows would take the wake with it.
 _WAKE_OLDEST = tuple(
     sa.update(R).where(R.c.id.in_(oldest)).values(waiting_for=None)
-    for oldest in (_OLDEST_WAITING, _OLDEST_WAITING.with_for_update(skip_locked=True))
+    for oldest in (_oldest_waiting(R), _oldest_waiting(R).with_for_update(skip_locked=True))
 )
 # Steps a guard holds, woken (due now) by what they wait for (``Tx.wake_steps``), on
-# ``ix_steps_waiting``: the oldest ``w_count`` waiting for ``w_key`` (on Postgres none another
-# transaction holds: a replica claiming or waking it), all waiting for it, or all held.
+# ``ix_steps_waiting``: the oldest ``w_count`` waiting for ``w_key`` (as the runs above), all
+# waiting for it, or all held.
+_OLDEST_HELD = _oldest_waiting(S)
 _STEPS_WAITING = sa.and_(S.c.status == _PENDING, S.c.waiting_for.is_not(None))
-_OLDEST_HELD = (
-    sa.select(S.c.id)
-    .where(S.c.status == _PENDING, S.c.waiting_for == sa.bindparam("w_key"))
-    .order_by(S.c.id)
-    .limit(sa.bindparam("w_count", type_=sa.Integer()))
+
+
+def _wake_steps(where: Any) -> Any:
+    return sa.update(S).where(where).values(due_at=_NOW, waiting_for=None).returning(S.c.id)
+
+
+_WAKE_OLDEST_STEPS = tuple(  # [is_postgres]
+    _wake_steps(S.c.id.in_(oldest))
+    for oldest in (_OLDEST_HELD, _OLDEST_HELD.with_for_update(skip_locked=True))
 )
-_WAKE_STEPS = {
-    how: sa.update(S).where(where).values(due_at=_NOW, waiting_for=None).returning(S.c.id)
-    for how, where in (
-        ("oldest", S.c.id.in_(_OLDEST_HELD)),
-        ("oldest_unlocked", S.c.id.in_(_OLDEST_HELD.with_for_update(skip_locked=True))),
-        ("all", sa.and_(_STEPS_WAITING, S.c.waiting_for == sa.bindparam("w_key"))),
-        ("any", _STEPS_WAITING),
-    )
-}
+_WAKE_ALL_STEPS = _wake_steps(sa.and_(_STEPS_WAITING, S.c.waiting_for == sa.bindparam("w_key")))
+_WAKE_ANY_STEPS = _wake_steps(_STEPS_WAITING)
 # The next key steps wait for after ``w_after``, in the index's order (a seek a key: a storm's
 # thousands of held steps wait for a handful of keys).
 _NEXT_HELD_KEY = sa.select(sa.func.min(S.c.waiting_for)).where(
@@ -1075,7 +1080,7 @@ class SqlStore:
             return 0
 
         def wake(tx: SqlTx) -> int:
-            oldest = _WAKE_STEPS["oldest_unlocked" if self.db.is_postgres else "oldest"]
+            oldest = _WAKE_OLDEST_STEPS[self.db.is_postgres]
             return sum(
                 len(tx.conn.execute(oldest, {"now": tx.now, "w_key": key, "w_count": 1}).all())
                 for key in keys(tx.conn.conn)
@@ -2163,12 +2168,16 @@ class SqlTx:
     def _write_step_wakes(self) -> None:
         """Make the steps ``wake_steps`` asked for due now (forgetting what was read of them)."""
         waking, self._waking_steps = self._waking_steps, {}
-        oldest = "oldest_unlocked" if self.db.is_postgres else "oldest"
         woken: list[int] = []
         for key, count in sorted(waking.items(), key=lambda item: item[0] or ""):
-            how = "any" if key is None else "all" if count is None else oldest
+            if key is None:
+                statement = _WAKE_ANY_STEPS
+            elif count is None:
+                statement = _WAKE_ALL_STEPS
+            else:
+                statement = _WAKE_OLDEST_STEPS[self.db.is_postgres]
             params = {"now": self.now, "w_key": key, "w_count": count}
-            woken += self.conn.conn.execute(_WAKE_STEPS[how], params).scalars()
+            woken += self.conn.conn.execute(statement, params).scalars()
         for step_id in woken:
             step = self._steps.pop(step_id, None)
             if step is not None:
