@@ -668,13 +668,13 @@ def hold_step(
 
 
 def _unblock(waiting_for: str | None, until: dt.datetime) -> str:
-    """When a held step is looked at again."""
+    """When a held step goes on (a notice reads "It goes on when ...")."""
     at = f"rechecked at {until.isoformat()}"
     if waiting_for is None:
         return at
     if waiting_for.startswith("breaker:"):
-        return f"looked at again when the breaker is reset; {at} at the latest"
-    return f"looked at again when a node leaves the budget; {at} at the latest"
+        return f"the breaker is reset (the step {at} at the latest)"
+    return f"a node leaves the budget and its turn in line comes (the step {at} at the latest)"
 
 
 def finish_step(

@@ -22,6 +22,9 @@ async def test_a_node_leaving_the_budget_lets_the_first_in_line_go(make_engine):
     assert h.applied() == ["gpu-a"]
     waiting = {run.node: h.steps(run.id)[0].waiting_for for run in h.runs()}
     assert waiting == {"gpu-a": None, "gpu-b": "budget:", "gpu-c": "budget:"}
+    held = [n["message"] for n in h.notifier.sent if n["data"].get("event") == "held"]
+    assert len(held) == 2
+    assert "It goes on when a node leaves the budget and its turn in line comes" in held[0]
 
     await h.store.run("back in service", lambda tx: tx.release_disruptions(node="gpu-a"))
     await h.settle()  # no recheck due
