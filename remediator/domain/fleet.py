@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
-from typing import Any
+import itertools
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from remediator.domain import guards
+
+_T = TypeVar("_T")
 
 #: The label and taint the GPU playbooks put on a node they find faulty.
 FAULTY_LABELS = {"gpu-status": "faulty"}
@@ -179,6 +182,15 @@ def _budgets(
     )
 
 
+def _by_node(
+    items: Iterable[_T], node_of: Callable[[_T], str | None]
+) -> dict[str | None, list[_T]]:
+    found: dict[str | None, list[_T]] = {}
+    for item in items:
+        found.setdefault(node_of(item), []).append(item)
+    return found
+
+
 def assemble(
     listed: list[ClusterNode] | None,
     records: Records,
@@ -189,18 +201,24 @@ def assemble(
     """Every GPU node with its state, the budgets, the breaker and the held steps."""
     nodes = {node.name: node for node in listed or []}
     known = set(nodes)
-    named = [r.node for r in records.runs] + [d.node for d in records.disruptions]
-    named += [h.node for h in records.held if h.node] + [c.node for c in records.capped]
-    for name in named:
-        nodes.setdefault(name, ClusterNode(name=name, labels={}))
+    # Each record filed under its node once: a node's lookups are then its own records, not a
+    # walk of every record (5,000 nodes in a 3,000-alert storm: 0.3 s of the event loop).
+    runs_on = _by_node(records.runs, lambda run: run.node)
+    disrupted_on = _by_node(records.disruptions, lambda disruption: disruption.node)
+    held_on = _by_node(records.held, lambda held: held.node)
+    capped_on = _by_node(records.capped, lambda gpu: gpu.node)
+    for name in itertools.chain(runs_on, disrupted_on, held_on, capped_on):
+        if name is not None:
+            nodes.setdefault(name, ClusterNode(name=name, labels={}))
     statuses = []
     for name in sorted(nodes):
         node = nodes[name]
-        runs = [run for run in records.runs if run.node == name]
-        disrupted_by = [d.run for d in records.disruptions if d.node == name]
-        held = [h for h in records.held if h.node == name]
-        capped = [c for c in records.capped if c.node == name]
-        state, detail = _state(node, runs=runs, disrupted_by=disrupted_by, held=held, capped=capped)
+        runs = runs_on.get(name, [])
+        disrupted_by = [d.run for d in disrupted_on.get(name, ())]
+        capped = capped_on.get(name, [])
+        state, detail = _state(
+            node, runs=runs, disrupted_by=disrupted_by, held=held_on.get(name, []), capped=capped
+        )
         statuses.append(
             NodeStatus(
                 name=name,

@@ -310,7 +310,7 @@ class Operations:
         if found is None:
             return None, None
         try:
-            nodes = await found.list_nodes(found.gpu_node_selector)
+            nodes = await found.gpu_nodes()
         except errors.RemediatorError as e:
             return None, f"cannot list GPU nodes: {e}"
         return [

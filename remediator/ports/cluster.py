@@ -434,6 +434,11 @@ class Cluster(Protocol):
 
     async def list_nodes(self, label_selector: str = "") -> list[NodeInfo]: ...
 
+    async def gpu_nodes(self) -> list[NodeInfo]:
+        """The nodes matching ``gpu_node_selector``: the watch's copies while it keeps them
+        current (``gpu_fleet`` started it), else listed from the API server."""
+        ...
+
     async def gpu_fleet(self) -> GpuFleet | None:
         """The nodes matching ``gpu_node_selector``, kept current from then on (the first
         call lists them and starts the watch, later calls return at once); ``None`` while

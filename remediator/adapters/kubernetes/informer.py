@@ -64,6 +64,7 @@ class NodeInformer:
         self._nodes: dict[str, port.NodeInfo] = {}
         self.fleet = port.GpuFleet()
         self.synced = False
+        self.failing = False  # the last list or watch failed; the cache is what was last seen
         self._attempted = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -77,6 +78,11 @@ class NodeInformer:
 
     def get(self, name: str) -> port.NodeInfo | None:
         return self._nodes.get(name) if self.synced else None
+
+    def nodes(self) -> list[port.NodeInfo] | None:
+        """Every cached node, while the cache is current (listed, and neither the list nor
+        the watch failing since); ``None`` otherwise."""
+        return list(self._nodes.values()) if self.synced and not self.failing else None
 
     def observe(self, node: port.NodeInfo) -> None:
         """A node as the API server just answered it (a read or a write of ours): kept if it
@@ -121,6 +127,7 @@ class NodeInformer:
                 version = None
             except Exception as e:  # anything: the cache stays, the loop tries again
                 self._attempted.set()
+                self.failing = True
                 failures += 1
                 delay = min(FIRST_BACKOFF * 2 ** (failures - 1), MAX_BACKOFF)
                 log = logger.warning if failures == 1 else logger.debug
@@ -137,12 +144,14 @@ class NodeInformer:
         self._nodes = {node.name: node for node in nodes}
         self.fleet.replace({node.name: node.labels for node in nodes})
         self.synced = True
+        self.failing = False
         self._attempted.set()
         return version
 
     async def _watch(self, version: str) -> str:
         """Apply events until the server ends the watch; the last resourceVersion seen."""
         async for event in self._watcher(version):
+            self.failing = False  # the watch answers again
             kind = event.get("type")
             obj = event.get("object") or {}
             if kind == "ERROR":
@@ -158,6 +167,7 @@ class NodeInformer:
             elif kind == "DELETED":
                 self._drop(str((obj.get("metadata") or {}).get("name") or ""))
             # BOOKMARK: only its resourceVersion
+        self.failing = False  # ended as watches do (its timeoutSeconds)
         return version
 
     def _keep(self, node: port.NodeInfo) -> None:

@@ -192,3 +192,46 @@ async def test_the_cached_fleet_is_listed_in_small_pages_and_shares_its_strings(
         assert next(k for k in last.labels if k == key) is key
     assert [t.key for t in first.taints] == [t.key for t in last.taints]
     assert all(a.key is b.key for a, b in zip(first.taints, last.taints, strict=True))
+
+
+async def test_the_gpu_nodes_come_from_the_watch_and_are_listed_only_while_it_fails(
+    sim: testing.RunningSim, cluster: kubernetes.KubeCluster
+) -> None:
+    """The fleet view's nodes: the watch's copies while it keeps them current (a view
+    refreshed every 5 s listed 5,000 nodes each time), the API server's list while the
+    watch is failing (its copies may be stale)."""
+    assert await cluster.gpu_fleet() is not None
+    await _until(lambda: sim.cluster.requests["watch nodes"] >= 1, "the watch started")
+    sim.cluster.requests.clear()
+    _relabel(sim, GPU, pool="watched")
+
+    async def pool_of_gpu() -> str | None:
+        return {node.name: node for node in await cluster.gpu_nodes()}[GPU].labels.get("pool")
+
+    for _ in range(1000):
+        if await pool_of_gpu() == "watched":
+            break
+        await asyncio.sleep(0.01)
+    names = sorted(node.name for node in await cluster.gpu_nodes())
+    assert names == ["gpu-node-01", "gpu-node-02", "gpu-node-03", "gpu-node-04"]
+    assert await pool_of_gpu() == "watched"
+    assert sim.cluster.requests["list nodes"] == 0
+
+    informer = cluster._informer
+    assert informer is not None
+    await stop_listening(sim)
+    await _until(lambda: informer.failing, "the watch failed")
+    _relabel(sim, GPU, pool="while-failing")
+    await start_listening(sim)
+    assert await pool_of_gpu() == "while-failing"  # listed: the watch waits out its backoff
+    assert sim.cluster.requests["list nodes"] == 1
+
+    await _until(lambda: not informer.failing and sim.cluster.requests["watch nodes"] >= 1, "")
+    sim.cluster.requests.clear()
+    _relabel(sim, GPU, pool="watched-again")
+    for _ in range(1000):
+        if await pool_of_gpu() == "watched-again":
+            break
+        await asyncio.sleep(0.01)
+    assert await pool_of_gpu() == "watched-again"
+    assert sim.cluster.requests["list nodes"] == 0

@@ -44,6 +44,9 @@ class Cluster:
         self.nodes = nodes
         self.selectors: list[str] = []
 
+    async def gpu_nodes(self) -> list[Any]:
+        return await self.list_nodes(self.gpu_node_selector)
+
     async def list_nodes(self, label_selector: str = "") -> list[Any]:
         self.selectors.append(label_selector)
         return [
