@@ -95,9 +95,10 @@ class Client:
     def breaker(self) -> Any:
         return self.get("/api/v1/breaker")
 
-    def fleet(self) -> Any:
-        """Every GPU node as remediator sees it, budgets, the breaker and held steps."""
-        return self.get("/api/v1/fleet")
+    def fleet(self, state: str | None = None) -> Any:
+        """Every GPU node as remediator sees it (those in ``state``), budgets, the breaker
+        and held steps."""
+        return self.get("/api/v1/fleet", state=state)
 
     def reset_breaker(self, comment: str) -> Any:
         return self.post("/api/v1/breaker/reset", {"comment": comment})

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from remediator.cli import options, output
+from remediator.domain import fleet
 from remediator.domain.audit import EVENT_FILTERS as _AUDIT_FILTERS
 from remediator.domain.runs import RunStatus
 
@@ -239,12 +240,15 @@ def _add_audit(commands: Any) -> None:
 
 def add_commands(commands: Any) -> None:
     """``status``, ``runs``, ``runbook``, ``breaker`` and ``audit``."""
-    _api_command(
+    status = _api_command(
         commands,
         "status",
-        lambda api, a: api.fleet(),
+        lambda api, a: api.fleet(a.state),
         "the fleet as remediator sees it: GPU nodes, budgets, the breaker, held steps",
         kind="fleet",
+    )
+    status.add_argument(
+        "--state", choices=fleet.STATES, help="only the nodes in this state (held, draining, ...)"
     )
     _add_runs(commands)
     runbook = commands.add_parser("runbook", help="manual runbooks").add_subparsers(

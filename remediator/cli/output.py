@@ -293,6 +293,19 @@ def _nodes(nodes: list[Mapping[str, Any]]) -> str:
     )
 
 
+def _lines(view: Mapping[str, Any]) -> str:
+    """The held steps waiting in line, a line each, and how many are listed below."""
+    held, total = field(view, "held") or [], field(view, "heldTotal")
+    said = [
+        f"{field(line, 'steps')} held step(s) wait for {field(line, 'what')}, oldest first; "
+        f"next: run {field(field(line, 'first'), 'run')} on {field(field(line, 'first'), 'node')}"
+        for line in field(view, "lines") or []
+    ]
+    if isinstance(total, int) and total > len(held):
+        said.append(f"{len(held)} of {total} held steps listed")
+    return "\n".join(said)
+
+
 def _held(held: list[Mapping[str, Any]]) -> str:
     if not held:
         return "held steps: none"
@@ -336,6 +349,12 @@ def fleet(view: Mapping[str, Any]) -> str:
         )
     parts.append(breaker(field(view, "breaker") or {}).split("\n", 1)[0])
     parts.append(_held(field(view, "held") or []))
+    if lines := _lines(view):
+        parts.append(lines)
+    if field(view, "truncated"):
+        parts.append(
+            f"more {', '.join(field(view, 'truncated'))} than the server reads: the oldest shown"
+        )
     return "\n\n".join(parts)
 
 

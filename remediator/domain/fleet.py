@@ -29,6 +29,9 @@ FAULTY_LABELS = {"gpu-status": "faulty"}
 FAULTY_TAINT = "nvidia.com/gpu-unhealthy"
 #: Actions that evict pods while they run.
 DRAINING_ACTIONS = frozenset({"node.drain", "gpu.drain_workloads"})
+#: Held steps waiting in line shown with the guard's own words, oldest first (the rest are
+#: counted by line).
+HELD_SHOWN = 100
 STATES = ("held", "draining", "faulty", "cordoned", "capped", "remediating", "healthy")
 
 
@@ -67,6 +70,22 @@ class HeldStep:
     reason: str
     kind: str = ""
     until: str | None = None
+    #: False: one of a long line, read without its record (``reason`` names the line).
+    detailed: bool = True
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Line:
+    """Held steps waiting in line for the same thing (``guards.wait_key``): a node leaving
+    the budget, the breaker's reset. They go oldest first."""
+
+    waiting_for: str
+    steps: int
+    first: HeldStep  # the next to go
+
+    @property
+    def what(self) -> str:
+        return guards.waited_for(self.waiting_for)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -87,6 +106,10 @@ class Records:
     held: tuple[HeldStep, ...] = ()
     capped: tuple[CappedGpu, ...] = ()
     breaker: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    lines: tuple[Line, ...] = ()
+    #: Kinds of rows cut at the store's read limit (the view shows the oldest).
+    truncated: tuple[str, ...] = ()
+    held_total: int = 0  # every held step, those cut at the limit too
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -118,6 +141,9 @@ class FleetStatus:
     breaker: Mapping[str, Any]
     held: tuple[HeldStep, ...]
     cluster_error: str | None = None
+    lines: tuple[Line, ...] = ()
+    truncated: tuple[str, ...] = ()
+    held_total: int = 0
 
     def node(self, name: str) -> NodeStatus | None:
         return next((node for node in self.nodes if node.name == name), None)
@@ -227,7 +253,7 @@ def assemble(
                 detail=detail,
                 runs=tuple(sorted({run.id for run in runs} | set(disrupted_by))),
                 capped_gpus=tuple(capped),
-                labels=dict(node.labels),
+                labels=node.labels,
                 cordoned=node.unschedulable,
                 ready=node.ready,
                 known_to_cluster=name in known,
@@ -239,4 +265,7 @@ def assemble(
         breaker=dict(records.breaker),
         held=records.held,
         cluster_error=cluster_error,
+        lines=records.lines,
+        truncated=records.truncated,
+        held_total=records.held_total,
     )

@@ -257,6 +257,16 @@ def _budget_key(pool: str | None) -> str:
     return f"budget:{pool or ''}"
 
 
+def waited_for(key: str) -> str:
+    """What a ``wait_key`` names, in words."""
+    kind, _, pool = key.partition(":")
+    if kind == "budget":
+        return f"the disruption budget of pool {pool}" if pool else "the disruption budget"
+    if kind == "breaker":
+        return "the circuit breaker's reset"
+    return key
+
+
 def decide(
     config: GuardConfig, snapshot: Snapshot, *, node: str | None, now: dt.datetime
 ) -> Verdict:

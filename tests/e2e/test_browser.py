@@ -282,6 +282,11 @@ def test_operator_decides_on_the_first_screen_and_sees_the_outcome(server, brows
     assert node.find_element(By.LINK_TEXT, f"run {run_id}")
     assert "1 of" in browser.find_element(By.ID, "budgets").text
     _shoot(browser, tmp_path, "fleet")
+    browser.find_element(By.PARTIAL_LINK_TEXT, "1 cordoned").click()  # only the cordoned nodes
+    node = _until(lambda: browser.find_element(By.ID, "node-gpu-node-03"))
+    shown = browser.find_elements(By.CSS_SELECTOR, "tr.node")
+    assert [row.get_attribute("data-state") for row in shown] == ["cordoned"]
+    assert browser.find_element(By.ID, "all-nodes")
     node.find_element(By.LINK_TEXT, f"run {run_id}").click()
 
     form = _until(lambda: browser.find_element(By.CSS_SELECTOR, "form.decision"))

@@ -151,6 +151,7 @@ async def _fleet_server(aiohttp_server, answer=None, status=200):
 
     async def fleet(request: web.Request) -> web.Response:
         seen.append(request.headers.get("Authorization"))
+        seen.extend(f"{key}={value}" for key, value in request.query.items())
         return web.json_response(answer if answer is not None else FLEET, status=status)
 
     app = web.Application()
@@ -203,6 +204,34 @@ async def test_status_of_a_calm_fleet_says_so(aiohttp_server, capsys):
     assert "no GPU nodes" in out
     assert "breaker: closed" in out
     assert "held steps: none" in out
+
+
+async def test_status_of_a_storm_counts_the_held_steps_by_line(aiohttp_server, capsys):
+    first = {"run": 11, "step": "cordon", "action": "node.cordon", "node": "gpu-node-11"}
+    storm = FLEET | {
+        "held": [first | {"reason": "disruption budget in use: 10 of 10 nodes", "until": None}],
+        "heldTotal": 2990,
+        "lines": [
+            {
+                "waitingFor": "budget:h100",
+                "what": "the disruption budget of pool h100",
+                "steps": 2990,
+                "first": first,
+            },
+        ],
+        "truncated": ["runs"],
+    }
+    where, seen = await _fleet_server(aiohttp_server, storm)
+    argv = ["status", "--server", where, "-o", "table", "--state", "held"]
+    assert await asyncio.to_thread(cli.main, argv) == 0
+    assert seen == [None, "state=held"]
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        "2990 held step(s) wait for the disruption budget of pool h100, oldest first; "
+        "next: run 11 on gpu-node-11"
+    ) in out
+    assert "1 of 2990 held steps listed" in out
+    assert "more runs than the server reads: the oldest shown" in out
 
 
 async def test_an_api_error_is_its_code_and_message_on_one_line(aiohttp_server, capsys):

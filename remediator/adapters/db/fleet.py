@@ -1,14 +1,23 @@
 """The store's side of the fleet view: active runs on nodes, unreleased disruptions, held
-steps, power caps in place and the breaker, read in one short transaction."""
+steps, power caps in place and the breaker, read in one short transaction.
+
+Read at every refresh of a console left open (every 5 s), in a storm too: the steps held in
+line for the budget or the breaker are counted on ``ix_steps_waiting`` and read without their
+outputs (a 3,000-alert storm's held steps, one light row each); the outputs, which say why a
+step is held in the guard's words, are read for the first ``fleet.HELD_SHOWN`` of them and for the
+steps holding on their own (a change window, a cooldown: each a node's hold). A kind of row
+cut at its limit is named in ``Records.truncated``, never left to pass for the whole."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from typing import Any
 
 import sqlalchemy as sa
 
 from remediator.adapters.db import database, tables
-from remediator.domain import fleet, runs
+from remediator.domain import fleet, guards, runs
 
 R = tables.runs
 S = tables.steps
@@ -17,8 +26,12 @@ G = tables.guard_state
 
 ACTIVE_RUNS = [status.value for status in runs.RUN_ACTIVE]
 CAP_ACTION = "gpu.power_cap"
-#: How many rows of each kind the view reads (a fleet in a storm is bounded by the budget).
-LIMIT = 2000
+#: How many rows of each kind the view reads: active runs (one a node at most, the rare
+#: second aside) and held steps well beyond the largest fleet; disruptions and power caps
+#: are bounded by the budget and the GPUs.
+LIMIT = 50_000
+_PENDING = S.c.status == sa.literal_column("'pending'")
+_WAITING = sa.and_(_PENDING, S.c.waiting_for.is_not(None))
 
 
 def _number(value: Any) -> float | None:
@@ -49,62 +62,64 @@ class FleetQueries:
         self.db = db
 
     async def fleet_records(self) -> fleet.Records:
-        active_steps = (
-            sa.select(S.c.run_id, S.c.key, S.c.action, S.c.status, S.c.output, R.c.node)
-            .join(R, R.c.id == S.c.run_id)
-            .where(R.c.status.in_(ACTIVE_RUNS), S.c.status.in_(["pending", "running"]))
-            .order_by(S.c.id)
-            .limit(LIMIT)
-        )
-        caps = (
-            sa.select(S.c.run_id, S.c.output, R.c.node)
-            .join(R, R.c.id == S.c.run_id)
-            .where(
-                S.c.action == CAP_ACTION,
-                S.c.phase == runs.StepPhase.DO.value,
-                S.c.effect == runs.Effect.APPLIED.value,
-                R.c.dry_run.is_(False),
-            )
-            .order_by(S.c.id)
-            .limit(LIMIT)
-        )
         async with self.db.read("query.fleet") as conn:
-            run_rows = list(
-                await conn.execute(
-                    sa.select(R.c.id, R.c.node, R.c.playbook, R.c.status)
-                    .where(R.c.status.in_(ACTIVE_RUNS), R.c.node.is_not(None))
-                    .order_by(R.c.id)
-                    .limit(LIMIT)
+            lines = list(await conn.execute(_LINES))
+            waiting = list(await conn.execute(_IN_LINE))
+            shown = sorted(
+                {row.id for row in waiting[: fleet.HELD_SHOWN]} | {row.first for row in lines}
+            )
+            detailed = list(await conn.execute(_HELD_DETAIL, {"ids": shown})) if shown else []
+            detailed += await conn.execute(_HELD_ON_THEIR_OWN)
+            found = _Rows(
+                runs=list(await conn.execute(_ACTIVE_RUNS)),
+                draining={row.run_id for row in await conn.execute(_DRAINING)},
+                lines=lines,
+                waiting=waiting,
+                detailed=detailed,
+                disruptions=list(await conn.execute(_DISRUPTIONS)),
+                caps=list(await conn.execute(_CAPS)),
+                breaker=(await conn.execute(_BREAKER)).scalar_one_or_none(),
+            )
+        # A storm's thousands of rows become records on a thread: the loop shares the CPU
+        # at the interpreter's switch interval instead of waiting it out.
+        return await asyncio.to_thread(found.records)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    runs: list[Any]
+    draining: set[int]
+    lines: list[Any]
+    waiting: list[Any]
+    detailed: list[Any]
+    disruptions: list[Any]
+    caps: list[Any]
+    breaker: Any
+
+    def records(self) -> fleet.Records:
+        held = {row.id: step for row in self.detailed if (step := _held(row)) is not None}
+        for row in self.waiting:
+            if row.id not in held:
+                held[row.id] = fleet.HeldStep(
+                    run=row.run_id,
+                    step=row.key,
+                    action=row.action,
+                    node=row.node,
+                    reason=f"waits in line for {guards.waited_for(row.waiting_for)}",
+                    kind=row.waiting_for.partition(":")[0],
+                    detailed=False,
                 )
+        in_line = {row.id for row in self.waiting}
+        truncated = [
+            kind
+            for kind, rows in (
+                ("runs", self.runs),
+                ("held steps", self.waiting),
+                ("disruptions", self.disruptions),
+                ("power caps", self.caps),
             )
-            step_rows = list(await conn.execute(active_steps))
-            disruptions = list(
-                await conn.execute(
-                    sa.select(D).where(D.c.released_at.is_(None)).order_by(D.c.id).limit(LIMIT)
-                )
-            )
-            cap_rows = list(await conn.execute(caps))
-            breaker = (
-                await conn.execute(sa.select(G.c.value).where(G.c.key == "breaker"))
-            ).scalar_one_or_none()
-        draining = {
-            row.run_id
-            for row in step_rows
-            if row.status == "running" and row.action in fleet.DRAINING_ACTIONS
-        }
-        held = tuple(
-            fleet.HeldStep(
-                run=row.run_id,
-                step=row.key,
-                action=row.action,
-                node=row.node,
-                reason=str(row.output["held"]),
-                kind=str(row.output.get("held_kind") or ""),
-                until=row.output.get("held_until"),
-            )
-            for row in step_rows
-            if row.status == "pending" and isinstance(row.output, dict) and row.output.get("held")
-        )
+            if len(rows) >= LIMIT
+        ]
         return fleet.Records(
             runs=tuple(
                 fleet.ActiveRun(
@@ -112,15 +127,89 @@ class FleetQueries:
                     node=row.node,
                     playbook=row.playbook,
                     status=row.status,
-                    draining=row.id in draining,
+                    draining=row.id in self.draining,
                 )
-                for row in run_rows
+                for row in self.runs
             ),
             disruptions=tuple(
                 fleet.Disruption(run=row.run_id, node=row.node, pool=row.pool, since=row.started_at)
-                for row in disruptions
+                for row in self.disruptions
             ),
-            held=held,
-            capped=tuple(gpu for row in cap_rows for gpu in _capped(row)),
-            breaker=breaker if isinstance(breaker, dict) else {},
+            held=tuple(held[key] for key in sorted(held)),
+            lines=tuple(
+                fleet.Line(waiting_for=row.waiting_for, steps=row.steps, first=held[row.first])
+                for row in sorted(self.lines, key=lambda row: row.first)
+                if row.first in held
+            ),
+            capped=tuple(gpu for row in self.caps for gpu in _capped(row)),
+            breaker=self.breaker if isinstance(self.breaker, dict) else {},
+            truncated=tuple(truncated),
+            held_total=sum(row.steps for row in self.lines)
+            + sum(1 for step_id in held if step_id not in in_line),
         )
+
+
+def _held(row: Any) -> fleet.HeldStep | None:
+    output = row.output if isinstance(row.output, dict) else {}
+    if not output.get("held"):
+        return None  # pending until a retry's due time, not held
+    return fleet.HeldStep(
+        run=row.run_id,
+        step=row.key,
+        action=row.action,
+        node=row.node,
+        reason=str(output["held"]),
+        kind=str(output.get("held_kind") or ""),
+        until=output.get("held_until"),
+    )
+
+
+_CAPS = (
+    sa.select(S.c.run_id, S.c.output, R.c.node)
+    .join(R, R.c.id == S.c.run_id)
+    .where(
+        S.c.action == CAP_ACTION,
+        S.c.phase == runs.StepPhase.DO.value,
+        S.c.effect == runs.Effect.APPLIED.value,
+        R.c.dry_run.is_(False),
+    )
+    .order_by(S.c.id)
+    .limit(LIMIT)
+)
+_DISRUPTIONS = sa.select(D).where(D.c.released_at.is_(None)).order_by(D.c.id).limit(LIMIT)
+_BREAKER = sa.select(G.c.value).where(G.c.key == "breaker")
+_ACTIVE_RUNS = (
+    sa.select(R.c.id, R.c.node, R.c.playbook, R.c.status)
+    .where(R.c.status.in_(ACTIVE_RUNS), R.c.node.is_not(None))
+    .order_by(R.c.id)
+    .limit(LIMIT)
+)
+# Running steps are few (each holds a lease: ``ix_steps_leased``).
+_DRAINING = sa.select(S.c.run_id).where(
+    S.c.status == sa.literal_column("'running'"), S.c.action.in_(sorted(fleet.DRAINING_ACTIONS))
+)
+# Each line: how many wait in it and the first to go (``ix_steps_waiting``, no table read).
+_LINES = (
+    sa.select(S.c.waiting_for, sa.func.count().label("steps"), sa.func.min(S.c.id).label("first"))
+    .where(_WAITING)
+    .group_by(S.c.waiting_for)
+)
+_IN_LINE = (
+    sa.select(S.c.id, S.c.run_id, S.c.key, S.c.action, S.c.waiting_for, R.c.node)
+    .join(R, R.c.id == S.c.run_id)
+    .where(_WAITING)
+    .order_by(S.c.id)
+    .limit(LIMIT)
+)
+_DETAIL = sa.select(S.c.id, S.c.run_id, S.c.key, S.c.action, S.c.output, R.c.node).join(
+    R, R.c.id == S.c.run_id
+)
+_HELD_DETAIL = _DETAIL.where(S.c.id.in_(sa.bindparam("ids", expanding=True)))
+# Held until a due time (a change window, a cooldown, a driver upgrade rechecked), not in a
+# line (``ix_steps_due``); the others pending with a due time are due or wait for a retry
+# (their outputs say which).
+_HELD_ON_THEIR_OWN = (
+    _DETAIL.where(_PENDING, S.c.due_at.is_not(None), S.c.waiting_for.is_(None))
+    .order_by(S.c.id)
+    .limit(LIMIT)
+)

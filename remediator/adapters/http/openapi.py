@@ -20,6 +20,7 @@ from aiohttp import web
 from remediator import __version__
 from remediator.adapters.http import audit as http_audit
 from remediator.adapters.http import runbooks, schemas
+from remediator.domain import fleet
 
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
@@ -60,6 +61,7 @@ _QUERY_SCHEMAS: dict[str, dict[str, Any]] = {
     "since": {"type": "string", "format": "date-time", "pattern": http_audit.TIME_PATTERN},
     "until": {"type": "string", "format": "date-time", "pattern": http_audit.TIME_PATTERN},
     "format": {"type": "string", "enum": ["jsonl", "csv"], "default": "jsonl"},
+    "state": {"type": "string", "enum": list(fleet.STATES)},
 }
 AUDIT_FILTERS = (
     ("since", "string", "RFC 3339 time (years 0002-9998), inclusive"),
@@ -185,6 +187,14 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "the breaker and held steps",
         tag="guards",
         roles=READ,
+        query=(
+            (
+                "state",
+                "string",
+                "only the nodes in this state: held, draining, faulty, cordoned, capped, "
+                "remediating or healthy",
+            ),
+        ),
         answer="Fleet",
     ),
     ("GET", "/api/v1/breaker"): Operation(
@@ -273,7 +283,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         ),
     ),
     ("GET", "/runbooks/fleet"): Operation(
-        summary="Web page: the fleet (nodes, budgets, breaker, held steps), refreshed live",
+        summary="Web page: the fleet (nodes, budgets, breaker, held steps), refreshed live; "
+        "?state= and ?page= (200 nodes a page, the most urgent first)",
         tag="web",
         roles=READ,
         media=HTML,
