@@ -468,6 +468,19 @@ def held(plan: Plan) -> list[Row]:
                 f"cordoned {following} after",
             )
         )
+        view = got.view
+        rows.append(
+            Row(
+                f"fleet view of the held storm ({got.alerts:,} nodes): page / API",
+                backend,
+                f"{table.ms(view.page_seconds)} / {table.ms(view.api_seconds)} ms",
+                "",
+                f"page {view.page_bytes / 1000:,.0f} KB, API {view.api_bytes / 1e6:.1f} MB "
+                f"(medians of {held_mod.VIEWS}); the webhook's p99 over "
+                f"{held_mod.REPEATS} repeats 10 ms apart: {table.ms(view.alone_p99)} ms alone, "
+                f"{table.ms(view.beside_p99)} ms with the page fetched back to back",
+            )
+        )
     return rows + _skipped_postgres(plan, "CPU while a storm waits for the budget")
 
 
