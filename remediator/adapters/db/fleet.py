@@ -3,10 +3,11 @@ steps, power caps in place and the breaker, read in one short transaction.
 
 Read at every refresh of a console left open (every 5 s), in a storm too: the steps held in
 line for the budget or the breaker are counted on ``ix_steps_waiting`` and read without their
-outputs (a 3,000-alert storm's held steps, one light row each); the outputs, which say why a
-step is held in the guard's words, are read for the first ``fleet.HELD_SHOWN`` of them and for the
-steps holding on their own (a change window, a cooldown: each a node's hold). A kind of row
-cut at its limit is named in ``Records.truncated``, never left to pass for the whole."""
+outputs (a 3,000-alert storm's held steps, one light row each); the outputs, which say why
+a step is held in the guard's words, are read for the first ``fleet.HELD_SHOWN`` of them and
+for the steps holding on their own (a change window, a cooldown: each a node's hold). A kind
+of row cut at its limit is named in ``Records.truncated``, never left to pass for the
+whole."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ G = tables.guard_state
 
 ACTIVE_RUNS = [status.value for status in runs.RUN_ACTIVE]
 CAP_ACTION = "gpu.power_cap"
-#: How many rows of each kind the view reads: active runs (one a node at most, the rare
-#: second aside) and held steps well beyond the largest fleet; disruptions and power caps
-#: are bounded by the budget and the GPUs.
+#: How many rows of each kind the view reads: active runs and held steps well beyond a
+#: storm over the largest fleet; disruptions and power caps in place are bounded by the
+#: budget and the GPUs.
 LIMIT = 50_000
 _PENDING = S.c.status == sa.literal_column("'pending'")
 _WAITING = sa.and_(_PENDING, S.c.waiting_for.is_not(None))

@@ -237,7 +237,7 @@ def _nodes_table(status: fleet.FleetStatus, *, state: str | None, page: int) -> 
     if page < pages:
         links.append(f'<a href="?{where}page={page + 1}" id="next-page">next</a>')
     counted = (
-        f'<p class="muted" id="nodes-shown">{len(chosen)} {of}nodes'
+        f'<p class="muted" id="nodes-shown">{len(chosen):,} {of}nodes'
         + (
             f", {(page - 1) * PAGE_ROWS + 1}-{(page - 1) * PAGE_ROWS + len(shown)} shown "
             f"(page {page} of {pages}, the most urgent first) · {' · '.join(links)}"
@@ -328,8 +328,7 @@ def _held(status: fleet.FleetStatus) -> str:
         f"<th>reason</th><th>rechecked by</th></tr>{rows}</table>"
         + (
             f'<p class="muted" id="held-more">{len(listed)} of {status.held_total:,} held steps '
-            f'shown; the rest wait in the lines above (<a href="?state=held">their nodes</a>).'
-            "</p>"
+            'shown, the oldest (<a href="?state=held">every node with a held step</a>).</p>'
             if more > 0
             else ""
         )

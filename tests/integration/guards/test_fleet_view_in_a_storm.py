@@ -84,7 +84,7 @@ async def test_the_page_shows_the_lines_and_the_nodes_a_page_at_a_time(
     assert f'href="/runbooks/runs/{runs[NODES[2]]}"' in line
     assert line.endswith(f"step cordon on {NODES[2]}")
     assert len(re.findall(r'<tr class="held">', page)) == 2
-    assert "2 of 4 held steps shown" in page
+    assert "2 of 4 held steps shown, the oldest" in page
     assert '<a href="?state=held" class="state-filter">4 held</a>' in page
     assert '<a href="?state=cordoned" class="state-filter">2 cordoned</a>' in page
 
