@@ -130,6 +130,30 @@ async def test_a_node_leaving_the_budget_starts_the_first_in_line_at_once(make_h
     assert all(after[node] == first[node] for node in NODES[4:])
 
 
+async def test_a_place_freed_without_a_wake_is_taken_at_the_next_recheck(make_harness, sim, clock):
+    """A wake can be lost: the replica that freed the place dies before its commit's wake
+    is acted on, or two replicas race for the same first in line. The leader's recheck of
+    the first in line (every ``recheck``) takes the place all the same; the rest of the
+    line stays as it is."""
+    h = await storm(make_harness, sim)
+    first = await held(h)
+    async with h.store.db.write("test") as conn:  # freed, and nobody woken
+        await conn.execute(
+            sa.update(tables.disruptions)
+            .where(tables.disruptions.c.node == NODES[0])
+            .values(released_at=NOW)
+        )
+    await h.settle()
+    assert cordoned(sim) == NODES[:2]  # no wake: nothing moved
+
+    clock.advance(11)
+    await h.settle()
+    assert cordoned(sim) == NODES[:3]
+    after = await held(h)
+    assert list(after) == NODES[3:]
+    assert all(after[node] == first[node] for node in NODES[4:])  # not looked at
+
+
 async def test_a_step_woken_for_a_place_it_cannot_take_hands_it_to_the_next(
     make_harness, sim, clock
 ):
