@@ -160,6 +160,7 @@ async def _exercise_cluster(cluster: kubernetes.KubeCluster, store: Any) -> dict
     return {
         "get_node": lambda: cluster.get_node(node),
         "list_nodes": lambda: cluster.list_nodes(cluster.gpu_node_selector),
+        "gpu_nodes": lambda: cluster.gpu_nodes(),  # before the watch: its list
         "gpu_fleet": lambda: _watch_fleet(cluster, store, node),
         "patch_node": lambda: cluster.patch_node(node, labels={"x": "y"}),
         "replace_node_taints": lambda: _replace_taints(cluster, node),

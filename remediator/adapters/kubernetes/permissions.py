@@ -38,6 +38,7 @@ CLUSTER_CALLS: dict[str, tuple[Call, ...]] = {
     "get_node": (_c("nodes", "get"),),
     "list_nodes": (_c("nodes", "list"),),
     "gpu_fleet": (_c("nodes", "list"), _c("nodes", "watch")),
+    "gpu_nodes": (_c("nodes", "list"),),  # the watch's copies, or a list while it fails
     "patch_node": (_c("nodes", "patch"),),
     "replace_node_taints": (_c("nodes", "patch"),),
     "list_pods": (_c("pods", "list"),),
