@@ -104,15 +104,7 @@ class Fleet(pydantic.BaseModel):
 
 
 def _held_json(h: fleet.HeldStep) -> Held:
-    return Held(
-        run=h.run,
-        step=h.step,
-        action=h.action,
-        node=h.node,
-        reason=h.reason,
-        kind=h.kind,
-        until=h.until,
-    )
+    return Held.model_validate(h, from_attributes=True)  # (not ``detailed``)
 
 
 def fleet_json(status: fleet.FleetStatus, *, state: str | None = None) -> dict[str, Any]:
