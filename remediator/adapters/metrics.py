@@ -307,7 +307,7 @@ async def _held(conn: Any, now: dt.datetime) -> tuple[tuple[str, int], ...]:
 
 def _state_query() -> sa.Select[Any]:
     steps, runs_t = tables.steps, tables.runs
-    waiting = "waiting_approval"
+    waiting = tables.STEP_WAITING_APPROVAL  # (every step ever stored read otherwise)
     pending = (
         sa.select(sa.func.count()).select_from(steps).where(steps.c.status == waiting)
     ).scalar_subquery()

@@ -159,17 +159,21 @@ class Queries:
             )
 
 
+#: The steps waiting for approval, oldest first, read on their index (every step ever stored
+#: was walked at each refresh of the console: 0.14 s after a million alerts).
+PENDING_APPROVALS = (
+    sa.select(S, R.c.playbook, R.c.node, R.c.gpu, R.c.kind, R.c.principal, R.c.updated_at)
+    .join(R, R.c.id == S.c.run_id)
+    .where(S.c.status == tables.STEP_WAITING_APPROVAL)
+    .order_by(S.c.id)
+    .limit(500)
+)
+
+
 async def pending_approvals(db: database.Database) -> list[Waiting]:
     """Steps waiting for approval with their run, decisions so far and triggering alert."""
-    query = (
-        sa.select(S, R.c.playbook, R.c.node, R.c.gpu, R.c.kind, R.c.principal, R.c.updated_at)
-        .join(R, R.c.id == S.c.run_id)
-        .where(S.c.status == "waiting_approval")
-        .order_by(S.c.id)
-        .limit(500)
-    )
     async with db.read("query.approvals") as conn:
-        rows = list(await conn.execute(query))
+        rows = list(await conn.execute(PENDING_APPROVALS))
         run_ids = [row.run_id for row in rows]
         episodes = {
             row.run_id: row

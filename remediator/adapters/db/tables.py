@@ -209,7 +209,15 @@ steps = sa.Table(
         "id",
         where="status = 'pending' AND waiting_for IS NOT NULL",
     ),
+    # The steps waiting for approval, oldest first: counted at every scrape of the metrics,
+    # listed at every refresh of the console (a scan of every step ever stored, 2,000,000
+    # after a million alerts: 0.2 s each; migration 0013).
+    _partial_index("ix_steps_waiting_approval", "id", where="status = 'waiting_approval'"),
 )
+#: A step's status compared with this literal, not a parameter, is read on
+#: ``ix_steps_waiting_approval`` (SQLite and a prepared plan on Postgres take a partial index
+#: only for a condition they can see implies its own).
+STEP_WAITING_APPROVAL = sa.literal_column("'waiting_approval'", sa.String())
 
 locks = sa.Table(
     "locks",
