@@ -35,6 +35,14 @@ def test_a_full_budget_holds_the_step_visibly():
     assert guards.wait_key(verdict.kind, None) == "budget:"
 
 
+def test_what_a_held_step_waits_for_is_said_in_words():
+    assert guards.waited_for(guards.wait_key("budget", None)) == "the disruption budget"
+    assert guards.waited_for(guards.wait_key("budget", "h100")) == (
+        "the disruption budget of pool h100"
+    )
+    assert guards.waited_for(guards.wait_key("breaker", "h100")) == "the circuit breaker's reset"
+
+
 def test_a_node_already_disrupted_costs_no_more_budget():
     config = guards.GuardConfig(max_nodes=1)
     verdict = guards.decide(config, snap(disrupted_nodes=frozenset({"a"})), node="a", now=NOW)
