@@ -159,6 +159,8 @@ class Queries:
             )
 
 
+#: How many steps waiting for approval are listed (the oldest); the rest are counted.
+APPROVALS_SHOWN = 500
 #: The steps waiting for approval, oldest first, read on their index (every step ever stored
 #: was walked at each refresh of the console: 0.14 s after a million alerts).
 PENDING_APPROVALS = (
@@ -166,14 +168,27 @@ PENDING_APPROVALS = (
     .join(R, R.c.id == S.c.run_id)
     .where(S.c.status == tables.STEP_WAITING_APPROVAL)
     .order_by(S.c.id)
-    .limit(500)
+    .limit(APPROVALS_SHOWN)
+)
+_APPROVALS_TOTAL = (
+    sa.select(sa.func.count()).select_from(S).where(S.c.status == tables.STEP_WAITING_APPROVAL)
 )
 
 
-async def pending_approvals(db: database.Database) -> list[Waiting]:
-    """Steps waiting for approval with their run, decisions so far and triggering alert."""
+@dataclasses.dataclass(frozen=True)
+class Approvals:
+    waiting: list[Waiting]  # the oldest ``APPROVALS_SHOWN``
+    total: int  # every step waiting for approval
+
+
+async def pending_approvals(db: database.Database) -> Approvals:
+    """Steps waiting for approval with their run, decisions so far and triggering alert, the
+    oldest ``APPROVALS_SHOWN``, and how many wait in all."""
     async with db.read("query.approvals") as conn:
         rows = list(await conn.execute(PENDING_APPROVALS))
+        total = len(rows)
+        if total >= APPROVALS_SHOWN:
+            total = (await conn.execute(_APPROVALS_TOTAL)).scalar_one()
         run_ids = [row.run_id for row in rows]
         episodes = {
             row.run_id: row
@@ -189,7 +204,8 @@ async def pending_approvals(db: database.Database) -> list[Waiting]:
             sa.select(AP).where(AP.c.step_id.in_([row.id for row in rows])).order_by(AP.c.id)
         ):
             decisions.setdefault(row.step_id, []).append(row)
-    return [
+    waiting = [
         Waiting(step=row, decisions=decisions.get(row.id, []), episode=episodes.get(row.run_id))
         for row in rows
     ]
+    return Approvals(waiting=waiting, total=total)

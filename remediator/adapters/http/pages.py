@@ -203,8 +203,8 @@ def _runbooks_section(request: web.Request, principal: auth.Principal, csrf: str
 async def index(request: web.Request) -> web.Response:
     principal, via = _viewer(request)
     csrf = _csrf(request, principal, via)
-    waiting = await queries.pending_approvals(request.app[runbooks.RUNBOOKS].db)
-    items = [dict(responses.pending_approval(item)) for item in waiting]
+    found = await queries.pending_approvals(request.app[runbooks.RUNBOOKS].db)
+    items = [dict(responses.pending_approval(item)) for item in found.waiting]
     recent = await request.app[api.API].queries.runs(limit=20, cursor=None, filters={})
     runs = "".join(
         f'<tr><td><a href="/runbooks/runs/{run["id"]}">{run["id"]}</a></td>'
@@ -216,6 +216,12 @@ async def index(request: web.Request) -> web.Response:
     body = (
         "<h2>Waiting for approval</h2>"
         + _approvals_table(items)
+        + (
+            f'<p class="muted" id="approvals-more">The oldest {len(items)} of {found.total:,} '
+            "steps waiting for approval are shown.</p>"
+            if found.total > len(items)
+            else ""
+        )
         + "<h2>Manual runbooks</h2>"
         + _runbooks_section(request, principal, csrf)
         + '<h2>Recent runs</h2><table id="recent"><tr><th>run</th><th>playbook</th>'

@@ -253,7 +253,8 @@ class EventPage(TypedDict):
 
 
 class Approvals(TypedDict):
-    items: list[PendingApproval]
+    items: list[PendingApproval]  # the oldest 500
+    total: int  # every step waiting for approval
 
 
 class Guard(TypedDict):

@@ -142,8 +142,9 @@ def runbook_json(playbook: playbooks.Playbook) -> dict[str, Any]:
 
 async def list_approvals(request: web.Request) -> web.Response:
     http_auth.require(request, auth.Permission.READ)
-    waiting = await queries.pending_approvals(request.app[RUNBOOKS].db)
-    return web.json_response({"items": [responses.pending_approval(item) for item in waiting]})
+    found = await queries.pending_approvals(request.app[RUNBOOKS].db)
+    items = [responses.pending_approval(item) for item in found.waiting]
+    return web.json_response({"items": items, "total": found.total})
 
 
 async def list_runbooks(request: web.Request) -> web.Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from remediator.adapters.db import queries
 from tests.integration.operators.conftest import (
     GATED,
     MANUAL,
@@ -153,6 +154,23 @@ async def test_expiry_can_cancel_instead(make_harness, clock):
     found = await detail(h, run_id)
     assert found["status"] == "cancelled"
     assert [s["status"] for s in found["steps"]] == ["succeeded", "cancelled"]
+
+
+async def test_more_waiting_approvals_than_listed_are_counted(make_harness, monkeypatch):
+    """The oldest are listed and every one counted, on the API and the console's page (a
+    list cut at its limit read as if it were all)."""
+    monkeypatch.setattr(queries, "APPROVALS_SHOWN", 2)
+    monkeypatch.setattr(queries, "PENDING_APPROVALS", queries.PENDING_APPROVALS.limit(2))
+    h = await make_harness(GATED)
+    for node in ("gpu-node-01", "gpu-node-02", "gpu-node-03"):
+        assert (await h.post(alert_body(node=node, fingerprint=node))).status == 200
+    await h.settle()
+    answer = await (await h.client.get("/api/v1/approvals")).json()
+    assert answer["total"] == 3
+    assert [item["run"]["node"] for item in answer["items"]] == ["gpu-node-01", "gpu-node-02"]
+    page = await (await h.client.get("/runbooks")).text()
+    assert page.count('<tr class="pending-approval">') == 2
+    assert "The oldest 2 of 3 steps waiting for approval are shown." in page
 
 
 async def test_a_resolved_alert_withdraws_the_pending_approval(make_harness):
