@@ -47,12 +47,7 @@ def paging(request: web.Request) -> tuple[int, int | None]:
 
 
 def _filters(request: web.Request, allowed: tuple[str, ...]) -> dict[str, str]:
-    unknown = sorted(set(request.query) - {*allowed, "limit", "cursor"})
-    if unknown:
-        raise errors.ValidationFailed(
-            f"unknown query parameters: {', '.join(unknown)}",
-            fields=[{"field": name, "message": "unknown parameter"} for name in unknown],
-        )
+    hygiene.refuse_unknown_query(request, (*allowed, "limit", "cursor"))
     return {key: request.query[key] for key in allowed if key in request.query}
 
 

@@ -73,13 +73,8 @@ parse_time = _time
 def parse_filters(
     request: web.Request, allowed: tuple[str, ...], extra: tuple[str, ...] = ()
 ) -> db_audit.Filters:
+    hygiene.refuse_unknown_query(request, (*allowed, *extra))
     given = dict(request.query)
-    unknown = sorted(set(given) - {*allowed, *extra})
-    if unknown:
-        raise errors.ValidationFailed(
-            f"unknown query parameters: {', '.join(unknown)}",
-            fields=[{"field": name, "message": "unknown parameter"} for name in unknown],
-        )
     values: dict[str, Any] = {key: given[key] for key in allowed if key in given}
     for name in ("since", "until"):
         if name in values:

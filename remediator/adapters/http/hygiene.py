@@ -27,6 +27,7 @@ import json
 import math
 import re
 import urllib.parse
+from collections.abc import Iterable
 from typing import Any
 
 import multidict
@@ -34,6 +35,7 @@ from aiohttp import web
 
 from remediator.adapters.http import auth as http_auth
 from remediator.adapters.http import errors as http_errors
+from remediator.domain import errors
 
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
@@ -57,6 +59,16 @@ class Limits:
 
 LIMITS = web.AppKey("hygiene_limits", Limits)
 HANG_UP = web.RequestKey("hang_up", bool)
+
+
+def refuse_unknown_query(request: web.Request, allowed: Iterable[str]) -> None:
+    """400 naming each query parameter not in ``allowed``."""
+    unknown = sorted(set(request.query) - set(allowed))
+    if unknown:
+        raise errors.ValidationFailed(
+            f"unknown query parameters: {', '.join(unknown)}",
+            fields=[{"field": name, "message": "unknown parameter"} for name in unknown],
+        )
 
 
 def parse_id(text: str | None) -> int | None:
