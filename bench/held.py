@@ -34,7 +34,7 @@ import urllib.request
 
 import aiohttp
 
-from bench import procs, reaction, runbooks, watch, world
+from bench import procs, reaction, runbooks, table, watch, world
 from remediator.sim import fleet as sim_fleet
 
 MAX_NODES = 10
@@ -73,11 +73,6 @@ def _fetch(url: str) -> tuple[float, int]:
     return time.perf_counter() - started, size
 
 
-def _p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-
-
 async def _repeats(server: world.Server, bodies: list[bytes], *, paging: bool) -> float:
     """The webhook's p99 over the repeats, with the page fetched meanwhile or not."""
     took: list[float] = []
@@ -96,13 +91,13 @@ async def _repeats(server: world.Server, bodies: list[bytes], *, paging: bool) -
             await asyncio.sleep(0.01)
         done.set()
         await fetching
-    return _p99(took)
+    return table.percentile(took, 99)
 
 
 def _view(server: world.Server, nodes: list[str]) -> View:
     page = [_fetch(f"{server.url}/runbooks/fleet") for _ in range(VIEWS)]
     api = [_fetch(f"{server.url}/api/v1/fleet") for _ in range(VIEWS)]
-    bodies = [world.alert_body(node, n + 1) for n, node in enumerate(nodes)][:REPEATS]
+    bodies = [world.alert_body(node, n + 1) for n, node in enumerate(nodes[:REPEATS])]
     return View(
         page_seconds=statistics.median(t for t, _ in page),
         page_bytes=page[-1][1],
