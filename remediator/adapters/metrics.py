@@ -19,6 +19,7 @@ import prometheus_client as prom
 import sqlalchemy as sa
 
 from remediator.adapters.db import database, tables
+from remediator.adapters.db import fleet as db_fleet
 from remediator.domain import errors, guards
 
 
@@ -266,14 +267,9 @@ class State:
 
 _S = tables.steps
 _PENDING_STEP = _S.c.status == sa.literal_column("'pending'")
-# Steps waiting in line for the budget or the breaker, counted on ``ix_steps_waiting`` (a
-# storm's thousands, read as a few counts), and the other held steps, whose outputs say what
-# holds them (few: each a node's own hold).
-_HELD_WAITING = (
-    sa.select(_S.c.waiting_for, sa.func.count().label("steps"))
-    .where(_PENDING_STEP, _S.c.waiting_for.is_not(None))
-    .group_by(_S.c.waiting_for)
-)
+# Steps waiting in line for the budget or the breaker are counted by line (``db_fleet.LINES``:
+# a storm's thousands, read as a few counts); the other held steps' outputs say what holds
+# them (few: each a node's own hold).
 _HELD = sa.select(_S.c.output).where(
     _PENDING_STEP,
     _S.c.due_at > sa.bindparam("now", type_=tables.UTCDateTime()),
@@ -296,7 +292,7 @@ async def _held(conn: Any, now: dt.datetime) -> tuple[tuple[str, int], ...]:
     storm held by its budget is a few grouped counts: the output of each of its 3,000 held
     steps was read and parsed at every scrape. The rest are a bounded read."""
     counts: collections.Counter[str] = collections.Counter()
-    for row in await conn.execute(_HELD_WAITING):
+    for row in await conn.execute(db_fleet.LINES):
         counts[row.waiting_for.partition(":")[0]] += row.steps
     for row in await conn.execute(_HELD.limit(10_000), {"now": now}):
         kind = (row.output or {}).get("held_kind")

@@ -18,7 +18,6 @@ from typing import Any
 import sqlalchemy as sa
 
 from remediator.adapters.db import database, tables
-from remediator.adapters.db import store as _store  # noqa: F401  (writes SQLite's hints out)
 from remediator.domain import fleet, guards, runs
 
 R = tables.runs
@@ -33,7 +32,6 @@ CAP_ACTION = "gpu.power_cap"
 #: budget and the GPUs.
 LIMIT = 50_000
 _PENDING = S.c.status == sa.literal_column("'pending'")
-_WAITING = sa.and_(_PENDING, S.c.waiting_for.is_not(None))
 
 
 def _number(value: Any) -> float | None:
@@ -65,7 +63,7 @@ class FleetQueries:
 
     async def fleet_records(self) -> fleet.Records:
         async with self.db.read("query.fleet") as conn:
-            lines = list(await conn.execute(_LINES))
+            lines = list(await conn.execute(LINES))
             waiting = list(await conn.execute(_IN_LINE))
             shown = sorted(
                 {row.id for row in waiting[: fleet.HELD_SHOWN]} | {row.first for row in lines}
@@ -166,7 +164,7 @@ def _held(row: Any) -> fleet.HeldStep | None:
     )
 
 
-# Each read is told its index on SQLite (``INDEXED BY``, a hint ``store`` writes out): with
+# Each read is told its index on SQLite (``INDEXED BY``, a hint ``tables`` writes out): with
 # the statistics of a long history, where every run and step finished, it took each read's
 # ``ORDER BY id`` for the cheap way and walked every run or step in id order (four reads,
 # 0.5 s a refresh after a million alerts). The conditions name the partial indexes' own
@@ -197,17 +195,18 @@ _ACTIVE_RUNS = (
 _DRAINING = sa.select(S.c.run_id).where(
     S.c.status == sa.literal_column("'running'"), S.c.action.in_(sorted(fleet.DRAINING_ACTIONS))
 )
-# Each line: how many wait in it and the first to go (``ix_steps_waiting``, no table read).
-_LINES = (
+#: Each line of held steps: how many wait in it and the first to go (``ix_steps_waiting``,
+#: no table read; the metrics count them with it too).
+LINES = (
     sa.select(S.c.waiting_for, sa.func.count().label("steps"), sa.func.min(S.c.id).label("first"))
-    .where(_WAITING)
+    .where(tables.STEPS_IN_LINE)
     .group_by(S.c.waiting_for)
 )
 _IN_LINE = (
     sa.select(S.c.id, S.c.run_id, S.c.key, S.c.action, S.c.waiting_for, R.c.node)
     .with_hint(S, "INDEXED BY ix_steps_waiting", "sqlite")
     .join(R, R.c.id == S.c.run_id)
-    .where(_WAITING)
+    .where(tables.STEPS_IN_LINE)
     .order_by(S.c.id)
     .limit(LIMIT)
 )

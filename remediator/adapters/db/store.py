@@ -518,18 +518,6 @@ def _filter_sqlite(element: _Filter, compiler: Any, **kw: Any) -> str:
     return f"+{compiler.process(element.condition, **kw)}"
 
 
-@compiles(sa.Table, "sqlite")
-def _table_sqlite(table: sa.Table, compiler: Any, **kw: Any) -> str:
-    """A table as SQLite names it, with a statement's hint for it (``Select.with_hint(table,
-    "INDEXED BY ...", "sqlite")``) after it in a FROM clause: SQLAlchemy's SQLite compiler
-    drops such hints."""
-    text = str(compiler.visit_table(table, **kw))
-    hints = kw.get("fromhints")
-    if kw.get("asfrom") and hints and table in hints:
-        text += f" {hints[table]}"
-    return text
-
-
 # Written into the statement, not bound: SQLite uses a partial index only where the statement
 # itself implies its condition, and ``INDEXED BY`` one it cannot use fails to prepare.
 _PENDING: Any = sa.literal_column(f"'{runs.RunStatus.PENDING.value}'")
@@ -767,7 +755,6 @@ _WAKE_OLDEST = tuple(
 # ``ix_steps_waiting``: the oldest ``w_count`` waiting for ``w_key`` (as the runs above), all
 # waiting for it, or all held.
 _OLDEST_HELD = _oldest_waiting(S)
-_STEPS_WAITING = sa.and_(S.c.status == _PENDING, S.c.waiting_for.is_not(None))
 
 
 def _wake_steps(where: Any) -> Any:
@@ -778,12 +765,14 @@ _WAKE_OLDEST_STEPS = tuple(  # [is_postgres]
     _wake_steps(S.c.id.in_(oldest))
     for oldest in (_OLDEST_HELD, _OLDEST_HELD.with_for_update(skip_locked=True))
 )
-_WAKE_ALL_STEPS = _wake_steps(sa.and_(_STEPS_WAITING, S.c.waiting_for == sa.bindparam("w_key")))
-_WAKE_ANY_STEPS = _wake_steps(_STEPS_WAITING)
+_WAKE_ALL_STEPS = _wake_steps(
+    sa.and_(tables.STEPS_IN_LINE, S.c.waiting_for == sa.bindparam("w_key"))
+)
+_WAKE_ANY_STEPS = _wake_steps(tables.STEPS_IN_LINE)
 # The next key steps wait for after ``w_after``, in the index's order (a seek a key: a storm's
 # thousands of held steps wait for a handful of keys).
 _NEXT_HELD_KEY = sa.select(sa.func.min(S.c.waiting_for)).where(
-    _STEPS_WAITING, S.c.waiting_for > sa.bindparam("w_after")
+    tables.STEPS_IN_LINE, S.c.waiting_for > sa.bindparam("w_after")
 )
 # The leader's safety net (``SqlStore.wake_parked_runs``): what the parked runs wait for.
 _PARKED_FOR = (

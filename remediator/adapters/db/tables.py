@@ -15,6 +15,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.compiler import compiles
 
 
 class UTCDateTime(sa.types.TypeDecorator[dt.datetime]):
@@ -214,9 +215,15 @@ steps = sa.Table(
     # after a million alerts: 0.2 s each; migration 0013).
     _partial_index("ix_steps_waiting_approval", "id", where="status = 'waiting_approval'"),
 )
+#: Steps held in line for what wakes them (``guards.wait_key``), as ``ix_steps_waiting`` holds
+#: them: the status a literal, so the partial index serves the condition.
+STEPS_IN_LINE = sa.and_(
+    steps.c.status == sa.literal_column("'pending'"), steps.c.waiting_for.is_not(None)
+)
 #: A step's status compared with this literal, not a parameter, is read on
-#: ``ix_steps_waiting_approval`` (SQLite and a prepared plan on Postgres take a partial index
-#: only for a condition they can see implies its own).
+#: ``ix_steps_waiting_approval`` by Postgres too: a prepared statement's generic plan cannot
+#: tell a parameter's value implies the partial index's condition (SQLite looks at the bound
+#: value).
 STEP_WAITING_APPROVAL = sa.literal_column("'waiting_approval'", sa.String())
 
 locks = sa.Table(
@@ -385,3 +392,15 @@ auth_failures = sa.Table(
     sa.Index("ix_auth_failures_key_at", "key", "at"),
     sa.Index("ix_auth_failures_at", "at"),
 )
+
+
+@compiles(sa.Table, "sqlite")
+def _table_sqlite(table: sa.Table, compiler: Any, **kw: Any) -> str:
+    """A table as SQLite names it, with a statement's hint for it (``Select.with_hint(table,
+    "INDEXED BY ...", "sqlite")``) after it in a FROM clause: SQLAlchemy's SQLite compiler
+    drops such hints."""
+    text = str(compiler.visit_table(table, **kw))
+    hints = kw.get("fromhints")
+    if kw.get("asfrom") and hints and table in hints:
+        text += f" {hints[table]}"
+    return text
