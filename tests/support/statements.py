@@ -106,6 +106,22 @@ async def instructions_as_rows_grow(
     return counts
 
 
+def sqlite_plan(url: str, statement: Any) -> list[str]:
+    """SQLite's plan for ``statement`` as the application sends it: its values bound, not
+    written in as ``instructions`` has them."""
+    from sqlalchemy.dialects import sqlite
+
+    compiled = statement.compile(
+        dialect=sqlite.dialect(), compile_kwargs={"render_postcompile": True}
+    )
+    values = compiled.construct_params()
+    params = [values[name] for name in compiled.positiontup or ()]
+    con = sqlite3.connect(url.removeprefix("sqlite+aiosqlite:///"))
+    plan = [row[3] for row in con.execute(f"EXPLAIN QUERY PLAN {compiled}", params)]
+    con.close()
+    return plan
+
+
 def rows_read(plan: dict[str, Any], table: str) -> int:
     """The rows of ``table`` a Postgres plan (``EXPLAIN (ANALYZE, FORMAT JSON)``) read: those
     it returned and those it read and filtered out, every loop."""

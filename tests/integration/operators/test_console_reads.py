@@ -14,9 +14,14 @@ import pytest
 import sqlalchemy as sa
 
 from remediator.adapters import metrics
-from remediator.adapters.db import database, queries, tables
+from remediator.adapters.db import database, migrate, queries, tables
 from remediator.adapters.db import fleet as db_fleet
-from tests.support.statements import NOW, instructions_as_rows_grow, postgres_rows_read
+from tests.support.statements import (
+    NOW,
+    instructions_as_rows_grow,
+    postgres_rows_read,
+    sqlite_plan,
+)
 
 WAITING = 3  # steps waiting for approval, whatever the history's length
 
@@ -84,7 +89,7 @@ _FLEET_READS = tuple(
     for statement in (
         db_fleet._ACTIVE_RUNS,
         db_fleet._DRAINING,
-        db_fleet._LINES,
+        db_fleet.LINES,
         db_fleet._IN_LINE,
         db_fleet._HELD_ON_THEIR_OWN,
         db_fleet._DISRUPTIONS,
@@ -107,3 +112,19 @@ async def test_the_fleet_view_does_not_walk_the_history(tmp_path: Any) -> None:
 async def test_postgres_fleet_view_reads_only_what_is_unfinished(pg_url: str, table: str) -> None:
     read = await postgres_rows_read(pg_url, _seed_history, _FLEET_READS, table)
     assert max(read) <= 2 * WAITING, read
+
+
+async def test_as_sent_no_read_walks_the_runs_or_the_steps(tmp_path: Any) -> None:
+    """The instruction counts above are taken with the values written in; the application
+    binds them. As sent, with a history's statistics, every read searches an index for its
+    runs and steps (without its hint the line of held steps was read by walking every step
+    in id order)."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'plans.db'}"
+    db = database.Database(url)
+    await migrate.upgrade(db)
+    await _seed_history(db, 1, 2000)
+    await db.dispose()
+    for statement in (*_READS, *_FLEET_READS):
+        plan = sqlite_plan(url, statement)
+        walks = [step for step in plan if step in ("SCAN steps", "SCAN runs")]
+        assert not walks, plan
