@@ -95,10 +95,12 @@ class Client:
     def breaker(self) -> Any:
         return self.get("/api/v1/breaker")
 
-    def fleet(self, state: str | None = None) -> Any:
-        """Every GPU node as remediator sees it (those in ``state``), budgets, the breaker
-        and held steps."""
-        return self.get("/api/v1/fleet", state=state)
+    def fleet(
+        self, state: str | None = None, *, limit: int | None = None, cursor: str | None = None
+    ) -> Any:
+        """Every GPU node as remediator sees it (those in ``state``; a page of ``limit`` of
+        them after ``cursor``), budgets, the breaker and held steps."""
+        return self.get("/api/v1/fleet", state=state, limit=limit, cursor=cursor)
 
     def reset_breaker(self, comment: str) -> Any:
         return self.post("/api/v1/breaker/reset", {"comment": comment})

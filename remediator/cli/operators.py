@@ -162,6 +162,13 @@ def _limit(value: str) -> int:
     return number
 
 
+def _node_limit(value: str) -> int:
+    number = int(value)
+    if not 1 <= number <= fleet.MAX_NODES_LIMIT:
+        raise argparse.ArgumentTypeError(f"between 1 and {fleet.MAX_NODES_LIMIT}")
+    return number
+
+
 def _api_command(
     parent: Any, name: str, call: Any, help: str, *, kind: str = "result"
 ) -> argparse.ArgumentParser:
@@ -243,12 +250,20 @@ def add_commands(commands: Any) -> None:
     status = _api_command(
         commands,
         "status",
-        lambda api, a: api.fleet(a.state),
+        lambda api, a: api.fleet(a.state, limit=a.limit, cursor=a.cursor),
         "the fleet as remediator sees it: GPU nodes, budgets, the breaker, held steps",
         kind="fleet",
     )
     status.add_argument(
         "--state", choices=fleet.STATES, help="only the nodes in this state (held, draining, ...)"
+    )
+    status.add_argument(
+        "--limit",
+        type=_node_limit,
+        help=f"at most this many nodes, by name (1-{fleet.MAX_NODES_LIMIT}; default: all)",
+    )
+    status.add_argument(
+        "--cursor", help="the next page: nodes after this one (printed under a page)"
     )
     _add_runs(commands)
     runbook = commands.add_parser("runbook", help="manual runbooks").add_subparsers(

@@ -330,7 +330,12 @@ def fleet(view: Mapping[str, Any]) -> str:
     parts = []
     if field(view, "clusterError"):
         parts.append(f"cluster: {cell(field(view, 'clusterError'))} (nodes from the store only)")
-    parts.append(_nodes(field(view, "nodes") or []))
+    nodes = field(view, "nodes") or []
+    parts.append(_nodes(nodes))
+    total, cursor = field(view, "nodesTotal"), field(view, "nextCursor")
+    if isinstance(total, int) and len(nodes) < total:
+        more = f"more: add --cursor {cursor}" if cursor else "the last of them"
+        parts.append(f"{len(nodes)} of {total} nodes listed ({more})")
     budgets = field(view, "budgets") or []
     if budgets:
         parts.append(

@@ -32,6 +32,7 @@ DRAINING_ACTIONS = frozenset({"node.drain", "gpu.drain_workloads"})
 #: Held steps waiting in line shown with the guard's own words, oldest first (the rest are
 #: counted by line).
 HELD_SHOWN = 100
+MAX_NODES_LIMIT = 5000  # nodes a page of the fleet's API (``?limit=``) at most
 STATES = ("held", "draining", "faulty", "cordoned", "capped", "remediating", "healthy")
 
 

@@ -234,6 +234,33 @@ async def test_status_of_a_storm_counts_the_held_steps_by_line(aiohttp_server, c
     assert "more runs than the server reads: the oldest shown" in out
 
 
+async def test_status_pages_the_nodes_and_says_how_to_ask_for_the_next(aiohttp_server, capsys):
+    where, seen = await _fleet_server(
+        aiohttp_server, FLEET | {"nodesTotal": 7, "nextCursor": "n-3"}
+    )
+    argv = ["status", "--server", where, "-o", "table", "--limit", "2", "--cursor", "n-1"]
+    assert await asyncio.to_thread(cli.main, argv) == 0
+    assert seen == [None, "limit=2", "cursor=n-1"]
+    out = capsys.readouterr().out.splitlines()
+    shown = len(FLEET["nodes"])
+    assert f"{shown} of 7 nodes listed (more: add --cursor n-3)" in out
+
+    where, _ = await _fleet_server(aiohttp_server, FLEET | {"nodesTotal": 7, "nextCursor": None})
+    assert await asyncio.to_thread(cli.main, ["status", "--server", where, "-o", "table"]) == 0
+    assert f"{shown} of 7 nodes listed (the last of them)" in capsys.readouterr().out.splitlines()
+    whole = FLEET | {"nodesTotal": shown, "nextCursor": None}
+    where, _ = await _fleet_server(aiohttp_server, whole)
+    assert await asyncio.to_thread(cli.main, ["status", "--server", where, "-o", "table"]) == 0
+    assert "nodes listed" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("limit", ["0", "5001", "x"])
+def test_status_refuses_a_node_limit_out_of_range(capsys, limit):
+    with pytest.raises(SystemExit):
+        cli.main(["status", "--server", "127.0.0.1:1", "--limit", limit])
+    assert "--limit" in capsys.readouterr().err
+
+
 async def test_an_api_error_is_its_code_and_message_on_one_line(aiohttp_server, capsys):
     where, _ = await _fleet_server(
         aiohttp_server, {"error": {"code": "forbidden", "message": "needs read"}}, status=403

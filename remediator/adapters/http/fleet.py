@@ -9,6 +9,8 @@ steps the guards hold with their reason. The page refreshes itself every few sec
 from __future__ import annotations
 
 import asyncio
+import bisect
+import dataclasses
 import json
 from typing import Any
 
@@ -18,6 +20,7 @@ from aiohttp import web
 from remediator.adapters.http import auth as http_auth
 from remediator.adapters.http import console, hygiene, operating
 from remediator.domain import auth, errors, fleet
+from remediator.engine import operations
 
 esc = console.esc
 REFRESH_SECONDS = 5
@@ -83,7 +86,13 @@ class Line(pydantic.BaseModel):
 class Fleet(pydantic.BaseModel):
     """The fleet as remediator sees it."""
 
-    nodes: list[Node] = pydantic.Field(description="every GPU node, or those in ?state=")
+    nodes: list[Node] = pydantic.Field(
+        description="every GPU node, or those in ?state=, by name; a page of them with ?limit="
+    )
+    nodesTotal: int = pydantic.Field(description="the nodes in ?state= (every node without)")
+    nextCursor: str | None = pydantic.Field(
+        description="the cursor of the next page of nodes (null: this page is the last)"
+    )
     budgets: list[Budget]
     breaker: Breaker
     held: list[Held] = pydantic.Field(
@@ -107,8 +116,21 @@ def _held_json(h: fleet.HeldStep) -> Held:
     return Held.model_validate(h, from_attributes=True)  # (not ``detailed``)
 
 
-def fleet_json(status: fleet.FleetStatus, *, state: str | None = None) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class NodePage:
+    """Which nodes of the fleet to list: those in ``state``, by name, after ``cursor`` (a
+    node's name), at most ``limit`` (None: every one)."""
+
+    state: str | None = None
+    limit: int | None = None
+    cursor: str | None = None
+
+
+def fleet_json(status: fleet.FleetStatus, page: NodePage = NodePage()) -> dict[str, Any]:
     breaker = status.breaker
+    chosen = [node for node in status.nodes if page.state is None or node.state == page.state]
+    start = 0 if page.cursor is None else bisect.bisect_right([n.name for n in chosen], page.cursor)
+    end = len(chosen) if page.limit is None else min(len(chosen), start + page.limit)
     document = Fleet(
         nodes=[
             Node(
@@ -126,9 +148,10 @@ def fleet_json(status: fleet.FleetStatus, *, state: str | None = None) -> dict[s
                 ready=node.ready,
                 knownToCluster=node.known_to_cluster,
             )
-            for node in status.nodes
-            if state is None or node.state == state
+            for node in chosen[start:end]
         ],
+        nodesTotal=len(chosen),
+        nextCursor=chosen[end - 1].name if end < len(chosen) else None,
         budgets=[
             Budget(pool=b.pool, used=b.used, allowed=b.allowed, nodes=list(b.nodes))
             for b in status.budgets
@@ -158,22 +181,36 @@ def fleet_json(status: fleet.FleetStatus, *, state: str | None = None) -> dict[s
     return document.model_dump(mode="json")
 
 
-def _state_query(request: web.Request) -> str | None:
-    """``?state=``, one of ``fleet.STATES``; any other parameter refused."""
-    hygiene.refuse_unknown_query(request, ("state",))
-    state = request.query.get("state")
+def _refuse(field: str, message: str) -> errors.ValidationFailed:
+    return errors.ValidationFailed(message, fields=[{"field": field, "message": message}])
+
+
+def _node_page(request: web.Request) -> NodePage:
+    """``?state=`` (one of ``fleet.STATES``), ``?limit=`` (1-``fleet.MAX_NODES_LIMIT``) and
+    ``?cursor=`` (the ``nextCursor`` of the page before: a node's name); any other parameter
+    refused."""
+    hygiene.refuse_unknown_query(request, ("state", "limit", "cursor"))
+    query = request.query
+    state = query.get("state")
     if state is not None and state not in fleet.STATES:
-        message = f"state must be one of {', '.join(fleet.STATES)}"
-        raise errors.ValidationFailed(message, fields=[{"field": "state", "message": message}])
-    return state
+        raise _refuse("state", f"state must be one of {', '.join(fleet.STATES)}")
+    limit = None
+    if "limit" in query:
+        limit = hygiene.parse_id(query["limit"])
+        if limit is None or not 1 <= limit <= fleet.MAX_NODES_LIMIT:
+            raise _refuse("limit", f"limit must be an integer from 1 to {fleet.MAX_NODES_LIMIT}")
+    cursor = query.get("cursor")
+    if cursor is not None:
+        operations.check_node_name(cursor, field="cursor")
+    return NodePage(state=state, limit=limit, cursor=cursor)
 
 
 async def get_fleet(request: web.Request) -> web.Response:
     http_auth.require(request, auth.Permission.READ)
-    state = _state_query(request)
+    page = _node_page(request)
     status = await request.app[operating.OPERATIONS].fleet_status()
     # 5,000 nodes are 3 MB of JSON: written on a thread, the loop sharing the CPU meanwhile.
-    text = await asyncio.to_thread(lambda: json.dumps(fleet_json(status, state=state)))
+    text = await asyncio.to_thread(lambda: json.dumps(fleet_json(status, page)))
     return web.Response(text=text, content_type="application/json")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import pydantic
@@ -21,6 +22,7 @@ from remediator import __version__
 from remediator.adapters.http import audit as http_audit
 from remediator.adapters.http import runbooks, schemas
 from remediator.domain import fleet
+from remediator.engine import operations
 
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
@@ -34,6 +36,8 @@ class Operation:
     tag: str
     roles: tuple[str, ...] | None  # None: no authentication
     query: tuple[tuple[str, str, str], ...] = ()  # (name, JSON type, description)
+    # Query schemas of this operation's own, where a name means something else here.
+    schemas: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     body: type[pydantic.BaseModel] | str | None = None  # a model, or a components schema name
     media: str = JSON
     status: int = 200
@@ -194,7 +198,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
                 "only the nodes in this state: held, draining, faulty, cordoned, capped, "
                 "remediating or healthy",
             ),
+            ("limit", "integer", "nodes a page, by name (default: every node)"),
+            ("cursor", "string", "nextCursor of the previous page (a node's name)"),
         ),
+        schemas={
+            "limit": {"type": "integer", "minimum": 1, "maximum": fleet.MAX_NODES_LIMIT},
+            "cursor": {"type": "string", "pattern": operations.NODE_NAME, "maxLength": 253},
+        },
         answer="Fleet",
     ),
     ("GET", "/api/v1/breaker"): Operation(
@@ -398,7 +408,7 @@ def _parameters(path: str, operation: Operation) -> list[dict[str, Any]]:
             "name": name,
             "in": "query",
             "required": False,
-            "schema": _QUERY_SCHEMAS.get(name, _query_schema(kind)),
+            "schema": operation.schemas.get(name) or _QUERY_SCHEMAS.get(name, _query_schema(kind)),
             "description": description,
         }
         for name, kind, description in operation.query

@@ -73,6 +73,47 @@ async def test_the_held_steps_are_counted_by_line_and_the_oldest_shown(
         assert [f["field"] for f in (await refused.json())["error"]["fields"]] == [field]
 
 
+async def test_the_api_lists_the_nodes_a_page_at_a_time_by_name(make_harness, sim):
+    h = await storm(make_harness, sim)
+    whole = await _json(h)
+    assert whole["nodesTotal"] == len(whole["nodes"]) == len(NODES)
+    assert whole["nextCursor"] is None
+    listed, cursor, pages = [], None, 0
+    while True:
+        page = await _json(h, "?limit=4" + (f"&cursor={cursor}" if cursor else ""))
+        pages += 1
+        assert page["nodesTotal"] == len(NODES)
+        assert page["heldTotal"] == whole["heldTotal"]  # the rest of the view is whole
+        listed += page["nodes"]
+        cursor = page["nextCursor"]
+        if cursor is None:
+            break
+        assert cursor == page["nodes"][-1]["name"]
+    assert pages == -(-len(NODES) // 4)
+    assert listed == whole["nodes"]
+    assert [n["name"] for n in listed] == sorted(NODES)
+
+    held = await _json(h, "?state=held&limit=3")
+    assert held["nodesTotal"] == 4
+    assert [n["name"] for n in held["nodes"]] == NODES[2:5]
+    rest = await _json(h, f"?state=held&limit=3&cursor={held['nextCursor']}")
+    assert ([n["name"] for n in rest["nodes"]], rest["nextCursor"]) == (NODES[5:], None)
+    # A cursor is a node's name, not necessarily one listed: the nodes after it.
+    after = await _json(h, f"?cursor={NODES[0]}a")
+    assert [n["name"] for n in after["nodes"]] == sorted(NODES)[1:]
+
+    for query, field in (
+        ("?limit=0", "limit"),
+        ("?limit=5001", "limit"),
+        ("?limit=two", "limit"),
+        ("?cursor=Not_A_Node", "cursor"),
+        ("?cursor=" + "a" * 254, "cursor"),
+    ):
+        refused = await h.client.get(f"/api/v1/fleet{query}")
+        assert refused.status == 400, query
+        assert [f["field"] for f in (await refused.json())["error"]["fields"]] == [field]
+
+
 async def test_the_page_shows_the_lines_and_the_nodes_a_page_at_a_time(
     make_harness, sim, small_bounds
 ):
