@@ -15,7 +15,8 @@ which frees its place in the budget), and the time until the next node is seen c
 taken: the first step in line went only at its recheck before, up to 15 s later.
 
 Last, the fleet view of the held storm: ``/runbooks/fleet`` and ``/api/v1/fleet`` fetched
-``VIEWS`` times each (the median time and the size), and the webhook's latency for
+``VIEWS`` times each (the median time and the size), the API a page of ``API_PAGE`` nodes
+too, and the webhook's latency for
 ``REPEATS`` of the storm's deliveries sent one at a time (Alertmanager's repeats, 10 ms
 apart), first alone, then while the page is fetched back to back, as consoles left open do
 every 5 s. Before the view was bounded (5,000 nodes, 3,000 alerts): the page 0.65 s and
@@ -41,6 +42,7 @@ MAX_NODES = 10
 SENDERS = 32
 VIEWS = 5
 REPEATS = 300
+API_PAGE = 500  # nodes a page of the API, as a script paging them asks
 _HELD = re.compile(r'^remediator_steps_held\{reason="budget"\}\s+(\S+)$', re.MULTILINE)
 
 
@@ -62,6 +64,8 @@ class View:
     page_bytes: int
     api_seconds: float
     api_bytes: int
+    api_page_seconds: float  # ``?limit=API_PAGE``: a script paging the nodes
+    api_page_bytes: int
     alone_p99: float  # the webhook's, seconds
     beside_p99: float  # while the page is fetched back to back
 
@@ -97,12 +101,15 @@ async def _repeats(server: world.Server, bodies: list[bytes], *, paging: bool) -
 def _view(server: world.Server, nodes: list[str]) -> View:
     page = [_fetch(f"{server.url}/runbooks/fleet") for _ in range(VIEWS)]
     api = [_fetch(f"{server.url}/api/v1/fleet") for _ in range(VIEWS)]
+    paged = [_fetch(f"{server.url}/api/v1/fleet?limit={API_PAGE}") for _ in range(VIEWS)]
     bodies = [world.alert_body(node, n + 1) for n, node in enumerate(nodes[:REPEATS])]
     return View(
         page_seconds=statistics.median(t for t, _ in page),
         page_bytes=page[-1][1],
         api_seconds=statistics.median(t for t, _ in api),
         api_bytes=api[-1][1],
+        api_page_seconds=statistics.median(t for t, _ in paged),
+        api_page_bytes=paged[-1][1],
         alone_p99=asyncio.run(_repeats(server, bodies, paging=False)),
         beside_p99=asyncio.run(_repeats(server, bodies, paging=True)),
     )

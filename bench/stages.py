@@ -471,11 +471,13 @@ def held(plan: Plan) -> list[Row]:
         view = got.view
         rows.append(
             Row(
-                f"fleet view of the held storm ({got.alerts:,} nodes): page / API",
+                f"fleet view of the held storm ({got.alerts:,} nodes): page / API / API page",
                 backend,
-                f"{table.ms(view.page_seconds)} / {table.ms(view.api_seconds)} ms",
+                f"{table.ms(view.page_seconds)} / {table.ms(view.api_seconds)} / "
+                f"{table.ms(view.api_page_seconds)} ms",
                 "",
-                f"page {view.page_bytes / 1000:,.0f} KB, API {view.api_bytes / 1e6:.1f} MB "
+                f"page {view.page_bytes / 1000:,.0f} KB, API {view.api_bytes / 1e6:.1f} MB, "
+                f"API page of {held_mod.API_PAGE} nodes {view.api_page_bytes / 1000:,.0f} KB "
                 f"(medians of {held_mod.VIEWS}); the webhook's p99 over "
                 f"{held_mod.REPEATS} repeats 10 ms apart: {table.ms(view.alone_p99)} ms alone, "
                 f"{table.ms(view.beside_p99)} ms with the page fetched back to back",
