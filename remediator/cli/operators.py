@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from remediator.cli import options, output
@@ -155,18 +156,16 @@ def _server_options(
     )
 
 
-def _limit(value: str) -> int:
-    number = int(value)
-    if not 1 <= number <= 500:
-        raise argparse.ArgumentTypeError("between 1 and 500")
-    return number
+def _limit(most: int) -> Callable[[str], int]:
+    """An argparse type: an integer from 1 to ``most``."""
 
+    def limit(value: str) -> int:
+        number = int(value)
+        if not 1 <= number <= most:
+            raise argparse.ArgumentTypeError(f"between 1 and {most}")
+        return number
 
-def _node_limit(value: str) -> int:
-    number = int(value)
-    if not 1 <= number <= fleet.MAX_NODES_LIMIT:
-        raise argparse.ArgumentTypeError(f"between 1 and {fleet.MAX_NODES_LIMIT}")
-    return number
+    return limit
 
 
 def _api_command(
@@ -198,7 +197,7 @@ def _add_runs(commands: Any) -> None:
     listing.add_argument("--playbook", help="runs of this playbook")
     listing.add_argument("--node", help="runs on this node")
     listing.add_argument(
-        "--limit", type=_limit, default=50, help="at most this many runs, newest first (1-500)"
+        "--limit", type=_limit(500), default=50, help="at most this many runs, newest first (1-500)"
     )
     listing.add_argument(
         "--cursor", type=int, help="the next page: runs older than this id (printed under a page)"
@@ -259,7 +258,7 @@ def add_commands(commands: Any) -> None:
     )
     status.add_argument(
         "--limit",
-        type=_node_limit,
+        type=_limit(fleet.MAX_NODES_LIMIT),
         help=f"at most this many nodes, by name (1-{fleet.MAX_NODES_LIMIT}; default: all)",
     )
     status.add_argument(
