@@ -128,6 +128,7 @@ class NodePage:
 
 def fleet_json(status: fleet.FleetStatus, page: NodePage = NodePage()) -> dict[str, Any]:
     breaker = status.breaker
+    # (``fleet.assemble`` lists the nodes by name: a cursor is where its name would stand)
     chosen = [node for node in status.nodes if page.state is None or node.state == page.state]
     start = 0 if page.cursor is None else bisect.bisect_right([n.name for n in chosen], page.cursor)
     end = len(chosen) if page.limit is None else min(len(chosen), start + page.limit)
