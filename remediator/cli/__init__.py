@@ -18,7 +18,7 @@ import sys
 import pydantic
 
 from remediator import __version__
-from remediator.cli import operators, options
+from remediator.cli import operators, options, output
 from remediator.cli.operators import DEFAULT_SERVER, server_url
 
 __all__ = ["DEFAULT_SERVER", "build_parser", "main", "server_url"]
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         if explained is None:
             raise
         message, status = explained
-        print(f"remediator: {message}", file=sys.stderr)
+        print(f"remediator: {output.printable(message)}", file=sys.stderr)
         return status
     return result
 

@@ -4,12 +4,18 @@
 ``remediator runs list | jq`` works without an option. Tables show what an on-call engineer
 reads first and leave the rest to ``--output json``. The renderers accept the API's field
 names in camelCase and snake_case alike.
+
+What a table or YAML prints may come from an alert's labels, which whoever shapes the alert
+chooses: control characters and bidirectional overrides in it are printed escaped
+(``\x1b``, ``\u202e``), never sent to the terminal, where they could move the cursor, clear
+the screen, recolour or reorder what the operator reads (JSON escapes them itself).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TextIO
 
@@ -27,14 +33,44 @@ def default_format(stream: TextIO) -> str:
         return "json"
 
 
+# C0 and C1 control characters but the line feed, and the bidirectional overrides, embeddings
+# and isolates (U+202A-U+202E, U+2066-U+2069).
+_UNSAFE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(found: re.Match[str]) -> str:
+    code = ord(found[0])
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with what could take over a terminal escaped (see the module's docstring)."""
+    return _UNSAFE.sub(_escaped, text)
+
+
+class _Dumper(yaml.SafeDumper):
+    """YAML whose strings holding an unsafe character are double-quoted: PyYAML escapes the
+    control characters there itself, and the escapes ``printable`` writes for the rest are
+    YAML's own, so the document still reads back as the API's answer."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = '"' if _UNSAFE.search(value) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def render(value: Any, *, fmt: str, kind: str) -> str:
     """``value`` (an API answer of ``kind``) as text in ``fmt`` (one of ``FORMATS``)."""
     if fmt == "json":
         return json.dumps(value, indent=2, sort_keys=True)
     if fmt == "yaml":
-        return yaml.safe_dump(value, sort_keys=False, allow_unicode=True).rstrip("\n")
+        text = yaml.dump(value, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+        return printable(text.rstrip("\n"))
     renderer = _TABLES.get(kind, key_values)
-    return renderer(value)
+    return printable(renderer(value))
 
 
 def field(item: Mapping[str, Any], name: str, default: Any = None) -> Any:

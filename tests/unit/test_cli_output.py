@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 
 import pytest
 import yaml
@@ -259,6 +260,46 @@ def test_status_refuses_a_node_limit_out_of_range(capsys, limit):
     with pytest.raises(SystemExit):
         cli.main(["status", "--server", "127.0.0.1:1", "--limit", limit])
     assert "--limit" in capsys.readouterr().err
+
+
+HOSTILE = "xid \x1b[2J\x1b]0;pwned\x07 \x9b31m \u202eevil\u202c"  # clear, title, CSI, bidi
+ESCAPED = "xid \\x1b[2J\\x1b]0;pwned\\x07 \\x9b31m \\u202eevil\\u202c"
+_UNSAFE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+@pytest.mark.parametrize("fmt", ["table", "yaml"])
+async def test_what_an_alert_carries_never_reaches_the_terminal_raw(aiohttp_server, capsys, fmt):
+    node = FLEET["nodes"][0] | {"detail": HOSTILE, "labels": {"gpu-status": HOSTILE}}
+    answer = FLEET | {"nodes": [node], "held": [FLEET["held"][0] | {"reason": HOSTILE}]}
+    where, _ = await _fleet_server(aiohttp_server, answer)
+    assert await asyncio.to_thread(cli.main, ["status", "--server", where, "-o", fmt]) == 0
+    out = capsys.readouterr().out
+    assert not _UNSAFE.search(out)
+    if fmt == "table":
+        assert ESCAPED in out
+    else:  # escaped as YAML escapes: it reads back as the server's answer
+        assert yaml.safe_load(out) == answer
+
+
+async def test_an_error_message_is_printed_escaped(aiohttp_server, capsys):
+    answer = {"error": {"code": "invalid", "message": HOSTILE}}
+    where, _ = await _fleet_server(aiohttp_server, answer, status=400)
+    assert await asyncio.to_thread(cli.main, ["status", "--server", where]) == 1
+    assert capsys.readouterr().err == f"remediator: HTTP 400: invalid: {ESCAPED}\n"
+
+
+def test_a_yaml_string_with_only_a_bidi_override_reads_back_the_same():
+    value = {"reason": "\u202eevil", "\u2066label": "plain"}
+    text = output.render(value, fmt="yaml", kind="result")
+    assert not _UNSAFE.search(text)
+    assert yaml.safe_load(text) == value
+
+
+def test_json_escapes_them_itself_and_tables_keep_their_lines():
+    assert "\x1b" not in output.render({"reason": HOSTILE}, fmt="json", kind="result")
+    text = output.render({"items": [{"id": 1, "reason": HOSTILE}]}, fmt="table", kind="runs")
+    assert len(text.splitlines()) == 2  # the header and the run
+    assert not _UNSAFE.search(text)
 
 
 async def test_an_api_error_is_its_code_and_message_on_one_line(aiohttp_server, capsys):
