@@ -29,13 +29,7 @@ MAX_LIMIT = 500
 
 def paging(request: web.Request) -> tuple[int, int | None]:
     """``limit`` (1-500, default 50) and ``cursor`` (an id: ASCII decimal within 63 bits)."""
-    limit_text = request.query.get("limit", "50")
-    limit = hygiene.parse_id(limit_text)
-    if limit is None or not 1 <= limit <= MAX_LIMIT:
-        raise errors.ValidationFailed(
-            f"limit must be an integer from 1 to {MAX_LIMIT}",
-            fields=[{"field": "limit", "message": "not an integer from 1 to 500"}],
-        )
+    limit = hygiene.parse_limit(request.query.get("limit", "50"), most=MAX_LIMIT)
     cursor_text = request.query.get("cursor")
     cursor = hygiene.parse_id(cursor_text) if cursor_text is not None else None
     if cursor_text is not None and cursor is None:

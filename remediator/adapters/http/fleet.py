@@ -126,7 +126,7 @@ class NodePage:
     cursor: str | None = None
 
 
-def fleet_json(status: fleet.FleetStatus, page: NodePage = NodePage()) -> dict[str, Any]:
+def fleet_json(status: fleet.FleetStatus, page: NodePage) -> dict[str, Any]:
     breaker = status.breaker
     # (``fleet.assemble`` lists the nodes by name: a cursor is where its name would stand)
     chosen = [node for node in status.nodes if page.state is None or node.state == page.state]
@@ -182,10 +182,6 @@ def fleet_json(status: fleet.FleetStatus, page: NodePage = NodePage()) -> dict[s
     return document.model_dump(mode="json")
 
 
-def _refuse(field: str, message: str) -> errors.ValidationFailed:
-    return errors.ValidationFailed(message, fields=[{"field": field, "message": message}])
-
-
 def _node_page(request: web.Request) -> NodePage:
     """``?state=`` (one of ``fleet.STATES``), ``?limit=`` (1-``fleet.MAX_NODES_LIMIT``) and
     ``?cursor=`` (the ``nextCursor`` of the page before: a node's name); any other parameter
@@ -194,12 +190,10 @@ def _node_page(request: web.Request) -> NodePage:
     query = request.query
     state = query.get("state")
     if state is not None and state not in fleet.STATES:
-        raise _refuse("state", f"state must be one of {', '.join(fleet.STATES)}")
-    limit = None
-    if "limit" in query:
-        limit = hygiene.parse_id(query["limit"])
-        if limit is None or not 1 <= limit <= fleet.MAX_NODES_LIMIT:
-            raise _refuse("limit", f"limit must be an integer from 1 to {fleet.MAX_NODES_LIMIT}")
+        message = f"state must be one of {', '.join(fleet.STATES)}"
+        raise errors.ValidationFailed(message, fields=[{"field": "state", "message": message}])
+    text = query.get("limit")
+    limit = None if text is None else hygiene.parse_limit(text, most=fleet.MAX_NODES_LIMIT)
     cursor = query.get("cursor")
     if cursor is not None:
         operations.check_node_name(cursor, field="cursor")

@@ -71,6 +71,17 @@ def refuse_unknown_query(request: web.Request, allowed: Iterable[str]) -> None:
         )
 
 
+def parse_limit(text: str, *, most: int) -> int:
+    """A page size: an integer from 1 to ``most`` (400 naming ``limit`` otherwise)."""
+    limit = parse_id(text)
+    if limit is None or not 1 <= limit <= most:
+        raise errors.ValidationFailed(
+            f"limit must be an integer from 1 to {most}",
+            fields=[{"field": "limit", "message": f"not an integer from 1 to {most}"}],
+        )
+    return limit
+
+
 def parse_id(text: str | None) -> int | None:
     """An id or cursor: ASCII decimal within 63 bits (what every database column holds)."""
     if text is None or not _ID.fullmatch(text):
