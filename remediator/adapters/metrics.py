@@ -266,7 +266,7 @@ class State:
 
 
 _S = tables.steps
-_PENDING_STEP = _S.c.status == sa.literal_column("'pending'")
+_PENDING_STEP = _S.c.status == tables.PENDING
 # Steps waiting in line for the budget or the breaker are counted by line (``db_fleet.LINES``:
 # a storm's thousands, read as a few counts); the other held steps' outputs say what holds
 # them (few: each a node's own hold).
@@ -282,7 +282,7 @@ _KIND = sa.func.substr(_R.c.waiting_for, 1, 4)
 # Parked runs, read on the index of what they wait for (``ix_runs_waiting``).
 _WAITING = (
     sa.select(_KIND.label("kind"), sa.func.count().label("runs"))
-    .where(_R.c.status == sa.literal_column("'pending'"), _R.c.waiting_for.is_not(None))
+    .where(_R.c.status == tables.PENDING, _R.c.waiting_for.is_not(None))
     .group_by(_KIND)
 )
 

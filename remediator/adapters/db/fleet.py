@@ -31,7 +31,7 @@ CAP_ACTION = "gpu.power_cap"
 #: storm over the largest fleet; disruptions and power caps in place are bounded by the
 #: budget and the GPUs.
 LIMIT = 50_000
-_PENDING = S.c.status == sa.literal_column("'pending'")
+_PENDING = S.c.status == tables.PENDING
 
 
 def _number(value: Any) -> float | None:

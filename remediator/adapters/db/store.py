@@ -518,9 +518,7 @@ def _filter_sqlite(element: _Filter, compiler: Any, **kw: Any) -> str:
     return f"+{compiler.process(element.condition, **kw)}"
 
 
-# Written into the statement, not bound: SQLite uses a partial index only where the statement
-# itself implies its condition, and ``INDEXED BY`` one it cannot use fails to prepare.
-_PENDING: Any = sa.literal_column(f"'{runs.RunStatus.PENDING.value}'")
+_PENDING: Any = tables.PENDING  # (a literal: see there)
 
 
 def _startable_runs(*columns: Any) -> sa.Select[Any]:

@@ -215,11 +215,13 @@ steps = sa.Table(
     # after a million alerts: 0.2 s each; migration 0013).
     _partial_index("ix_steps_waiting_approval", "id", where="status = 'waiting_approval'"),
 )
+#: The pending status of a run or step, written into a statement rather than bound: the
+#: partial indexes on pending rows serve only a condition that names it (and ``INDEXED BY``
+#: one that cannot be used fails to prepare).
+PENDING = sa.literal_column("'pending'", sa.String())
 #: Steps held in line for what wakes them (``guards.wait_key``), as ``ix_steps_waiting`` holds
-#: them: the status a literal, so the partial index serves the condition.
-STEPS_IN_LINE = sa.and_(
-    steps.c.status == sa.literal_column("'pending'"), steps.c.waiting_for.is_not(None)
-)
+#: them.
+STEPS_IN_LINE = sa.and_(steps.c.status == PENDING, steps.c.waiting_for.is_not(None))
 #: A step's status compared with this literal, not a parameter, is read on
 #: ``ix_steps_waiting_approval`` by Postgres too: a prepared statement's generic plan cannot
 #: tell a parameter's value implies the partial index's condition (SQLite looks at the bound
