@@ -52,9 +52,12 @@ def _append(entry: dict[str, Any]) -> None:
 
 
 def read_records(path: pathlib.Path) -> list[dict[str, Any]]:
+    """The records whose lines are whole: another process (a replica) may be appending the last
+    one as it is read, and a line is a record once its newline is written."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    *whole, _being_written = path.read_text().split("\n")
+    return [json.loads(line) for line in whole if line.strip()]
 
 
 class RecordAction(actions.Action[RecordParams]):
