@@ -1,5 +1,7 @@
 """Structured logs: one JSON object per line (or plain text for a terminal), with secrets
-redacted from every line.
+redacted from every line. Alert data in a record can neither forge another record nor act on
+the terminal showing the log: JSON escapes line feeds and control characters, and escapes
+the bidirectional controls here too; the text format escapes them itself (``TextFormatter``).
 
 Redaction happens where a record is made (``logging.setLogRecordFactory``), so every handler
 sees the redacted record, including handlers that libraries or test harnesses add: the
@@ -25,6 +27,8 @@ import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from remediator.domain import terminal
 
 REDACTED = "[redacted]"
 
@@ -157,17 +161,31 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info or record.exc_text:
             text = record.exc_text or self.formatException(record.exc_info)  # type: ignore[arg-type]
             entry["exception"] = redact(text)
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        return terminal.json_printable(json.dumps(entry, default=str, ensure_ascii=False))
+
+
+class TextFormatter(logging.Formatter):
+    """``LEVEL logger message``, one line a record whatever the message holds: its line feeds
+    and the characters a terminal acts on are escaped (``domain.terminal``), so alert data in
+    a message can neither forge a record nor take over the terminal showing the log. An
+    exception's traceback follows on lines of its own, each indented, escaped the same way:
+    a line that starts a record is never indented."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = terminal.one_line(f"{record.levelname} {record.name} {redact(record.getMessage())}")
+        if record.exc_info or record.exc_text:
+            text = record.exc_text or self.formatException(record.exc_info)  # type: ignore[arg-type]
+            line += "".join(f"\n  {part}" for part in terminal.printable(redact(text)).splitlines())
+        if record.stack_info:
+            stack = terminal.printable(redact(record.stack_info))
+            line += "".join(f"\n  {part}" for part in stack.splitlines())
+        return line
 
 
 def configure(level: str = "INFO", fmt: str = "json") -> None:
     install_redaction()
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter()
-        if fmt == "json"
-        else logging.Formatter("%(levelname)s %(name)s %(message)s")
-    )
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(RedactingFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

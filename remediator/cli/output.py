@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TextIO
 
 import yaml
+
+from remediator.domain import terminal
 
 FORMATS = ("table", "json", "yaml")
 MAX_CELL = 60
@@ -33,19 +34,9 @@ def default_format(stream: TextIO) -> str:
         return "json"
 
 
-# C0 and C1 control characters but the line feed, and the bidirectional overrides, embeddings
-# and isolates (U+202A-U+202E, U+2066-U+2069).
-_UNSAFE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def _escaped(found: re.Match[str]) -> str:
-    code = ord(found[0])
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
 def printable(text: str) -> str:
     """``text`` with what could take over a terminal escaped (see the module's docstring)."""
-    return _UNSAFE.sub(_escaped, text)
+    return terminal.printable(text)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -55,7 +46,7 @@ class _Dumper(yaml.SafeDumper):
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = '"' if _UNSAFE.search(value) else None
+    style = '"' if terminal.has_unsafe(value) else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from remediator.adapters.db import audit as db_audit
 from remediator.adapters.http import api, hygiene, responses
 from remediator.adapters.http import auth as http_auth
-from remediator.domain import audit, auth, errors
+from remediator.domain import audit, auth, errors, terminal
 
 # Export lines and CSV columns: the API's event shape, in the order the chain hashes them.
 EXPORT_FIELDS = tuple(
@@ -105,23 +105,23 @@ async def list_runs(request: web.Request) -> web.Response:
     return web.json_response(responses.page(page, responses.run))
 
 
+def _csv_cell(key: str, value: Any) -> Any:
+    if key in ("data", "rows") and value is not None:
+        value = json.dumps(value, sort_keys=True)
+    return terminal.spreadsheet_cell(value) if isinstance(value, str) else value
+
+
 def _csv_rows(batch: list[dict[str, Any]], *, header: bool) -> bytes:
+    """CSV for a spreadsheet: a text cell a spreadsheet would read as a formula (a reason
+    starting with an alert's name, say) starts with ``'`` (``terminal.spreadsheet_cell``);
+    JSON Lines is the export kept exact, and the one offline verification reads."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     if header:
         writer.writerow(EXPORT_FIELDS)
     for record in batch:
         event: dict[str, Any] = dict(responses.event(record))
-        writer.writerow(
-            [
-                (
-                    json.dumps(event[key], sort_keys=True)
-                    if key in ("data", "rows") and event[key] is not None
-                    else event[key]
-                )
-                for key in EXPORT_FIELDS
-            ]
-        )
+        writer.writerow([_csv_cell(key, event[key]) for key in EXPORT_FIELDS])
     return buffer.getvalue().encode()
 
 

