@@ -5,7 +5,7 @@
   show) and ``blocks`` (header, the message, the facts, a button to the run page).
 - ``msteams``: a message with one Adaptive Card attachment, the envelope Teams incoming
   webhooks and Power Automate workflows ("post to a channel when a webhook request is
-  received") both accept.
+  received") both accept; its text is plain text runs, never Markdown.
 - ``pagerduty``: an Events API v2 event: ``trigger`` with summary, source, severity and custom
   details, or ``resolve``; ``dedup_key`` ties a resolve to the incident its trigger opened.
 - ``alertmanager``: a list of one alert for ``POST /api/v2/alerts``; resolving posts the same
@@ -118,24 +118,32 @@ def slack(message: Message) -> dict[str, Any]:
     return {"text": _cut(_slack_escape(fallback), 3000), "blocks": blocks}
 
 
+def _plain(text: str, **style: str) -> dict[str, Any]:
+    """Text Teams shows as it is: a ``TextRun`` of a ``RichTextBlock``. A ``TextBlock`` and a
+    ``FactSet`` read their text as Markdown, so an alert's label holding ``[Approve](url)``
+    would show as a link the on-call engineer did not get from remediator."""
+    return {"type": "RichTextBlock", "inlines": [{"type": "TextRun", "text": text, **style}]}
+
+
+def _teams_fact(name: str, value: str) -> dict[str, Any]:
+    return {
+        "type": "ColumnSet",
+        "spacing": "None",
+        "columns": [
+            {"type": "Column", "width": "90px", "items": [_plain(name, weight="Bolder")]},
+            {"type": "Column", "width": "stretch", "items": [_plain(value)]},
+        ],
+    }
+
+
 def msteams(message: Message) -> dict[str, Any]:
+    """An Adaptive Card whose alert-borne text is plain (``_plain``), never Markdown."""
+    colour = "Good" if message.resolve else _teams_colour(message.severity)
     body: list[dict[str, Any]] = [
-        {
-            "type": "TextBlock",
-            "text": message.title,
-            "weight": "Bolder",
-            "size": "Medium",
-            "style": "heading",
-            "wrap": True,
-            "color": "Good" if message.resolve else _teams_colour(message.severity),
-        },
-        {"type": "TextBlock", "text": message.text, "wrap": True},
+        _plain(message.title, weight="Bolder", size="Medium", color=colour),
+        _plain(message.text),
+        *(_teams_fact(name, value) for name, value in message.facts()),
     ]
-    facts = message.facts()
-    if facts:
-        body.append(
-            {"type": "FactSet", "facts": [{"title": name, "value": value} for name, value in facts]}
-        )
     card: dict[str, Any] = {
         "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
         "type": "AdaptiveCard",

@@ -97,13 +97,48 @@ async def test_a_teams_channel_posts_an_adaptive_card_in_the_message_envelope(se
     assert card["type"] == "AdaptiveCard"
     assert card["$schema"] == "http://adaptivecards.io/schemas/adaptive-card.json"
     assert card["version"] == "1.4"
-    title, text, facts = card["body"]
-    assert title["type"] == "TextBlock"
-    assert title["text"] == "remediator: GPUUtilizationLow on gpu-node-07 GPU 3"
-    assert text == {"type": "TextBlock", "text": _notice().message, "wrap": True}
-    assert facts["type"] == "FactSet"
-    assert {"title": "Run", "value": "7"} in facts["facts"]
+    title, text, *facts = card["body"]
+    title_text = "remediator: GPUUtilizationLow on gpu-node-07 GPU 3"
+    assert title == _plain(title_text, weight="Bolder", size="Medium", color="Attention")
+    assert text == _plain(_notice().message)
+    rows = {_cells(fact)[0]: _cells(fact)[1] for fact in facts}
+    assert rows["Run"] == "7"
+    assert rows["Pod"] == "jupyter-alice"
     assert card["actions"] == [{"type": "Action.OpenUrl", "title": "Open run 7", "url": RUN_URL}]
+
+
+def _plain(text, **style):
+    """What the card must hold ``text`` in: a text run, which Teams shows as plain text."""
+    return {"type": "RichTextBlock", "inlines": [{"type": "TextRun", "text": text, **style}]}
+
+
+def _cells(fact):
+    assert fact["type"] == "ColumnSet"
+    return [column["items"][0]["inlines"][0]["text"] for column in fact["columns"]]
+
+
+def _walk(node):
+    yield node
+    for value in node.values() if isinstance(node, dict) else node:
+        if isinstance(value, dict | list):
+            yield from _walk(value)
+
+
+async def test_a_teams_card_shows_alert_text_as_plain_text_never_markdown(server):
+    """An alert's labels choose the alert name, namespace and pod the card shows: Markdown
+    there (a link dressed as an approval) must reach the channel as the characters sent."""
+    link = "[Approve the drain](https://evil.example/approve)"
+    labels = LABELS | {"alertname": f"**{link}**", "namespace": link}
+    channels = {"teams": {"type": "msteams", "url": server.url("/workflows/abc")}}
+    notice = _notice(channel="teams", labels=labels, message=f"see {link}", data={"pod": link})
+    await _notifier(channels).deliver(notice)
+    [body] = server.bodies()
+    card = body["attachments"][0]["content"]
+    elements = [e for e in _walk(card["body"]) if isinstance(e, dict)]
+    assert not [e for e in elements if e.get("type") in ("TextBlock", "FactSet", "Fact")]
+    runs = [e["text"] for e in elements if e.get("type") == "TextRun"]
+    assert sum(link in text for text in runs) == 5  # title, message, alert, namespace, pod
+    assert all(e["type"] in ("RichTextBlock", "TextRun", "ColumnSet", "Column") for e in elements)
 
 
 async def test_pagerduty_triggers_then_resolves_the_same_incident(server, monkeypatch):
