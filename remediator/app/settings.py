@@ -177,7 +177,11 @@ class Settings(pydantic_settings.BaseSettings):
         description="DEBUG, INFO, WARNING or ERROR.",
     )
     log_format: Literal["json", "text"] = pydantic.Field(
-        default="json", description="One JSON object per log line, or plain text."
+        default="json",
+        description=(
+            "One JSON object per log line, or plain text (one line a record: line feeds and "
+            "control characters in it escaped, a traceback's lines indented)."
+        ),
     )
     worker_id: str | None = pydantic.Field(
         default=None, description="Name of this replica in leases and the audit trail."
