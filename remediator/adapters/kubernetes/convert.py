@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import sys
 from typing import Any
 
@@ -68,10 +69,19 @@ def _node_ready(obj: Obj) -> bool | None:
 
 def taint(obj: Obj) -> port.Taint:
     value = obj.get("value")
+    return _taint(
+        str(obj.get("key", "")),
+        str(obj.get("effect", "")),
+        None if value in (None, "") else str(value),
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _taint(key: str, effect: str, value: str | None) -> port.Taint:
+    """One ``Taint`` (it is frozen) for every equal taint: a GPU fleet's nodes carry the same
+    few, and a 5,800-node cache held 12,786 of them (0.7 MB)."""
     return port.Taint(
-        key=_shared(obj.get("key", "")),
-        effect=_shared(obj.get("effect", "")),
-        value=None if value in (None, "") else _shared(value),
+        key=_shared(key), effect=_shared(effect), value=_shared(value) if value else None
     )
 
 

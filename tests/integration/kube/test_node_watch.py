@@ -191,7 +191,7 @@ async def test_the_cached_fleet_is_listed_in_small_pages_and_shares_its_strings(
         assert first.labels[key] is last.labels[key]
         assert next(k for k in last.labels if k == key) is key
     assert [t.key for t in first.taints] == [t.key for t in last.taints]
-    assert all(a.key is b.key for a, b in zip(first.taints, last.taints, strict=True))
+    assert all(a is b for a, b in zip(first.taints, last.taints, strict=True))  # (frozen)
 
 
 async def test_the_gpu_nodes_come_from_the_watch_and_are_listed_only_while_it_fails(
