@@ -174,12 +174,15 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = terminal.one_line(f"{record.levelname} {record.name} {redact(record.getMessage())}")
         if record.exc_info or record.exc_text:
-            text = record.exc_text or self.formatException(record.exc_info)  # type: ignore[arg-type]
-            line += "".join(f"\n  {part}" for part in terminal.printable(redact(text)).splitlines())
+            line += _indented(record.exc_text or self.formatException(record.exc_info))  # type: ignore[arg-type]
         if record.stack_info:
-            stack = terminal.printable(redact(record.stack_info))
-            line += "".join(f"\n  {part}" for part in stack.splitlines())
+            line += _indented(record.stack_info)
         return line
+
+
+def _indented(text: str) -> str:
+    """``text`` redacted and escaped, each of its lines after a line feed and two spaces."""
+    return "".join(f"\n  {part}" for part in terminal.printable(redact(text)).splitlines())
 
 
 def configure(level: str = "INFO", fmt: str = "json") -> None:

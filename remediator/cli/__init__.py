@@ -18,8 +18,9 @@ import sys
 import pydantic
 
 from remediator import __version__
-from remediator.cli import operators, options, output
+from remediator.cli import operators, options
 from remediator.cli.operators import DEFAULT_SERVER, server_url
+from remediator.domain import terminal
 
 __all__ = ["DEFAULT_SERVER", "build_parser", "main", "server_url"]
 
@@ -359,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         if explained is None:
             raise
         message, status = explained
-        print(f"remediator: {output.printable(message)}", file=sys.stderr)
+        print(f"remediator: {terminal.printable(message)}", file=sys.stderr)
         return status
     return result
 

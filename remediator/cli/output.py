@@ -34,14 +34,9 @@ def default_format(stream: TextIO) -> str:
         return "json"
 
 
-def printable(text: str) -> str:
-    """``text`` with what could take over a terminal escaped (see the module's docstring)."""
-    return terminal.printable(text)
-
-
 class _Dumper(yaml.SafeDumper):
     """YAML whose strings holding an unsafe character are double-quoted: PyYAML escapes the
-    control characters there itself, and the escapes ``printable`` writes for the rest are
+    control characters there itself, and the escapes ``terminal.printable`` writes for the rest are
     YAML's own, so the document still reads back as the API's answer."""
 
 
@@ -59,9 +54,9 @@ def render(value: Any, *, fmt: str, kind: str) -> str:
         return json.dumps(value, indent=2, sort_keys=True)
     if fmt == "yaml":
         text = yaml.dump(value, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
-        return printable(text.rstrip("\n"))
+        return terminal.printable(text.rstrip("\n"))
     renderer = _TABLES.get(kind, key_values)
-    return printable(renderer(value))
+    return terminal.printable(renderer(value))
 
 
 def field(item: Mapping[str, Any], name: str, default: Any = None) -> Any:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import re
 
-# C0 and C1 control characters but the line feed, the line and paragraph separators and the
-# bidirectional controls.
-_UNSAFE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028-\u202e\u2066-\u2069]")
-_UNSAFE_OR_NEWLINE = re.compile("[\x00-\x1f\x7f-\x9f\u2028-\u202e\u2066-\u2069]")
-# What ``json.dumps(..., ensure_ascii=False)`` leaves raw of those: DEL, C1 and the rest.
-_UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u2028-\u202e\u2066-\u2069]")
+# What JSON leaves raw (``json.dumps(..., ensure_ascii=False)``): DEL and C1, the line and
+# paragraph separators and the bidirectional controls; JSON escapes C0 itself.
+_BEYOND_C0 = "\x7f-\x9f\u2028-\u202e\u2066-\u2069"
+_UNSAFE = re.compile(f"[\x00-\x09\x0b-\x1f{_BEYOND_C0}]")  # (the line feed kept)
+_UNSAFE_OR_NEWLINE = re.compile(f"[\x00-\x1f{_BEYOND_C0}]")
+_UNSAFE_IN_JSON = re.compile(f"[{_BEYOND_C0}]")
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "'")
 
 
